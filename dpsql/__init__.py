@@ -1,0 +1,42 @@
+"""dpsql: a differentially private SQL query proxy over DuckDB.
+
+>>> import dpsql
+>>> sorted(dpsql.__all__)[:3]
+['AuthenticationError', 'BudgetExceeded', 'BudgetStatus']
+"""
+
+from __future__ import annotations
+
+from dpsql.accounting import BudgetStatus, Ledger
+from dpsql.connection import Connection, connect
+from dpsql.errors import (
+    AuthenticationError,
+    BudgetExceeded,
+    Error,
+    InternalError,
+    PolicyError,
+    PolicyViolation,
+    QueryRejected,
+)
+from dpsql.policy import Policy, load_policy
+from dpsql.result import Result
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationError",
+    "BudgetExceeded",
+    "BudgetStatus",
+    "Connection",
+    "Error",
+    "InternalError",
+    "Ledger",
+    "Policy",
+    "PolicyError",
+    "PolicyViolation",
+    "QueryRejected",
+    "Result",
+    "__version__",
+    "connect",
+    "load_policy",
+]

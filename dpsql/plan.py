@@ -1,0 +1,184 @@
+"""Plain frozen data that every pass shares.
+
+``analyze`` turns SQL into a :class:`QueryPlan`; ``rewrite`` turns the plan into bounded SQL;
+``noise`` and ``postprocess`` carry out what the plan already decided. Nothing downstream of
+planning makes a privacy decision.
+
+Fixed point. Every measurement is a sum of per-row integers: a COUNT adds 1 per kept row, a
+SUM adds ``round(clipped * 2**frac_bits)``. The engine sums them exactly (HUGEINT). Before the
+noise the exact sum is floored to the *release lattice* by an arithmetic shift of
+``shift`` bits, so released numbers are multiples of ``2**(shift - frac_bits)`` and the noise
+is an integer on that lattice. Flooring by ``2**shift`` maps two sums that differ by at most
+``D`` to values that differ by at most ``ceil(D / 2**shift)``; that is the per-group
+sensitivity ``group_sensitivity`` the noise is calibrated to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import sqlglot.expressions as exp
+
+from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace
+
+MeasurementKind = Literal["count_rows", "count_values", "count_units", "sum", "sum_centred"]
+AggregateFunction = Literal["count", "count_distinct", "sum", "avg"]
+
+#: The alias of the source table in bounded SQL; row predicates refer to it.
+SOURCE_ALIAS = "__t"
+
+__all__ = [
+    "SOURCE_ALIAS",
+    "Aggregate",
+    "GroupKey",
+    "Measurement",
+    "QueryPlan",
+]
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """One GROUP BY key.
+
+    Attributes:
+        name: the key's column in the bounded query and in the noisy table (``__g0`` ...).
+        column: the policy column it groups by.
+        public_values: the values the policy lists; the output has exactly these groups.
+    """
+
+    name: str
+    column: str
+    public_values: tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One noisy quantity: an exact bounded sum plus discrete noise.
+
+    Attributes:
+        name: its column in the bounded query (``__m0`` ...).
+        kind: what each kept row adds (see module docstring).
+        column: the policy column summed or counted, ``None`` for ``COUNT(*)``.
+        bounds: clipping bounds of ``column`` for sums.
+        frac_bits: fixed-point fraction bits of per-row values (0 for counts).
+        row_bound: the largest absolute per-row integer contribution.
+        group_bound: the largest change one unit makes to one group's exact sum.
+        shift: bits dropped (floored) before the noise.
+        group_sensitivity: ``ceil(group_bound / 2**shift)``, in release-lattice units.
+        noise: the calibrated noise, in release-lattice units.
+        epsilon: this measurement's share of epsilon (Laplace), for reporting.
+        mu: this measurement's Gaussian-DP mu (Gaussian), for reporting.
+    """
+
+    name: str
+    kind: MeasurementKind
+    column: str | None
+    bounds: tuple[float, float] | None
+    frac_bits: int
+    row_bound: int
+    group_bound: int
+    shift: int
+    group_sensitivity: int
+    noise: DiscreteLaplace | DiscreteGaussian
+    epsilon: float = 0.0
+    mu: float = 0.0
+
+    @property
+    def lattice(self) -> float:
+        """The step of released values, in the column's own units."""
+        return float(2.0 ** (self.shift - self.frac_bits))
+
+    @property
+    def mechanism(self) -> str:
+        return self.noise.name
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise in the column's own units."""
+        return self.noise.std * self.lattice
+
+    def half_width(self, confidence: float = 0.95) -> float:
+        """Half-width of the ``confidence`` interval of the noise, in the column's units."""
+        return self.noise.quantile_abs(confidence) * self.lattice
+
+    def describe(self) -> dict[str, object]:
+        """JSON-able summary for the ledger and reports."""
+        return {
+            "measurement": self.kind,
+            "column": self.column,
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "mu": self.mu,
+            "sensitivity": self.group_sensitivity,
+            "lattice": self.lattice,
+            "noise_std": self.noise_std,
+        }
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One aggregate call of the analyst's query, computed from measurements.
+
+    Attributes:
+        name: its column in the noisy table (``__a0`` ...).
+        function: count, count_distinct, sum or avg.
+        sql: the call as the analyst wrote it, for messages and reports.
+        measurements: the names of the measurements it is post-processed from
+            (avg: the centred sum, then the count).
+        bounds: the column's clipping bounds (sum, avg).
+    """
+
+    name: str
+    function: AggregateFunction
+    sql: str
+    measurements: tuple[str, ...]
+    bounds: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Everything decided about one query before any data is read.
+
+    Attributes:
+        sql: the analyst's SQL text.
+        table: the policy table read.
+        unit_column: the privacy unit column, ``None`` for a row-level table.
+        where: the row filter, as a sqlglot condition over the table's columns.
+        group_keys: GROUP BY keys, in order.
+        max_rows_per_unit: rows a unit keeps per group (Linf cap).
+        max_groups_per_unit: groups a unit keeps (L0 cap), as used for sensitivity.
+        sample_groups: whether the rewrite must enforce the L0 cap (not needed when
+            a unit cannot be in more groups than the cap anyway).
+        measurements: the noisy quantities.
+        aggregates: the analyst's aggregate calls, each over some measurements.
+        output: the final SELECT over the noisy table ``__noisy`` (columns: the
+            group keys and the aggregates); HAVING, ORDER BY and LIMIT live here.
+        output_names: the output column names, in order.
+        epsilon: epsilon charged for the query.
+        delta: delta charged for the query.
+        mechanism: "laplace" or "gaussian".
+    """
+
+    sql: str
+    table: str
+    unit_column: str | None
+    where: exp.Expression | None
+    group_keys: tuple[GroupKey, ...]
+    max_rows_per_unit: int
+    max_groups_per_unit: int
+    sample_groups: bool
+    measurements: tuple[Measurement, ...]
+    aggregates: tuple[Aggregate, ...]
+    output: exp.Select
+    output_names: tuple[str, ...]
+    epsilon: float
+    delta: float
+    mechanism: str
+    notes: tuple[str, ...] = field(default=())
+
+    def measurement(self, name: str) -> Measurement:
+        for m in self.measurements:
+            if m.name == name:
+                return m
+        raise KeyError(name)

@@ -1,0 +1,734 @@
+"""Privacy policies: which tables and columns may be queried, and with how much budget.
+
+A policy is a TOML file (DESIGN.md §3) read with :mod:`tomllib` and checked strictly
+when it loads. An unknown key, a wrong type or an impossible value raises
+:class:`~dpsql.errors.PolicyError` with a message that names the file, the table, the
+column and the fix. The policy fails closed: a column it does not list is denied.
+
+The result is a tree of frozen records: :class:`Policy` holds :class:`TablePolicy`
+records, which hold :class:`ColumnPolicy` records. Table and column names are looked up
+case-insensitively with :meth:`str.casefold`, the way SQL identifiers are, and exactly
+otherwise: no Unicode normalisation, so a look-alike name (a Cyrillic ``а`` in
+``visits``) never matches. Analyst names are matched exactly.
+
+:func:`check_against_schema` then checks the policy against the database: every table,
+privacy unit and listed column must exist, and bounded columns must be numeric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from dpsql.errors import PolicyError
+
+__all__ = [
+    "Budget",
+    "ColumnPolicy",
+    "Policy",
+    "TablePolicy",
+    "check_against_schema",
+    "load_policy",
+    "parse_policy",
+]
+
+_ACCESS_LEVELS = ("deny", "filter", "group", "aggregate")
+_ACCOUNTANTS = ("basic", "pld")
+_TOP_KEYS = ("budget", "privacy", "tables")
+_PRIVACY_KEYS = ("accountant", "default_epsilon", "max_delta_per_query", "max_epsilon_per_query")
+_BUDGET_KEYS = ("analysts", "default")
+_BUDGET_VALUE_KEYS = ("delta", "epsilon")
+_TABLE_KEYS = ("columns", "max_groups_per_unit", "max_rows_per_unit", "privacy_unit", "public")
+_CAP_KEYS = ("max_groups_per_unit", "max_rows_per_unit")
+_COLUMN_KEYS = ("access", "bounds", "public_values")
+_NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common aliases
+    r"U?(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|INT[1248]?|LONG|SHORT"
+    r"|FLOAT[48]?|REAL|DOUBLE|(DECIMAL|NUMERIC)(\(\s*\d+\s*(,\s*\d+\s*)?\))?"
+)
+
+
+# ---------------------------------------------------------------- the records
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An (epsilon, delta) privacy budget: a per-analyst lifetime allowance."""
+
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class ColumnPolicy:
+    """What a query may do with one column.
+
+    Attributes:
+        name: The column name as written in the policy.
+        access: ``"deny"`` (never used), ``"filter"`` (WHERE only), ``"group"`` (WHERE
+            and GROUP BY) or ``"aggregate"`` (also inside aggregates; needs ``bounds``).
+        bounds: Clipping range ``(lower, upper)``, lower < upper. Numbers keep the type
+            the policy gave them, so integer bounds stay ``int``.
+        public_values: Known group keys; grouping by them needs no partition selection.
+    """
+
+    name: str
+    access: str
+    bounds: tuple[float, float] | None = None
+    public_values: tuple[object, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.access not in _ACCESS_LEVELS:
+            allowed = ", ".join(repr(level) for level in _ACCESS_LEVELS)
+            raise PolicyError(
+                f"column {self.name!r}: unknown access {self.access!r}; use one of {allowed}"
+            )
+
+    @property
+    def can_filter(self) -> bool:
+        """Whether the column may appear in WHERE."""
+        return self.access != "deny"
+
+    @property
+    def can_group(self) -> bool:
+        """Whether the column may appear in GROUP BY."""
+        grouping = self.access in ("group", "aggregate") or self.public_values is not None
+        return grouping and self.access != "deny"
+
+    @property
+    def can_aggregate(self) -> bool:
+        """Whether the column may be summed or averaged (it has bounds to clip to)."""
+        return self.bounds is not None and self.access == "aggregate"
+
+    @property
+    def is_public_key(self) -> bool:
+        """Whether grouping by the column uses the public key list, not partition selection."""
+        return self.public_values is not None and self.access != "deny"
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    """How one table may be queried.
+
+    Attributes:
+        name: The table name as written in the policy.
+        public: True for a public table: every column usable, no privacy unit.
+        privacy_unit: The column identifying whom the table is about, or None for a
+            public table or a row-level table (each row is its own privacy unit).
+        max_groups_per_unit: How many groups one unit may contribute to (L0); 1 when
+            ``privacy_unit`` is None.
+        max_rows_per_unit: How many rows one unit may contribute per group (Linf); 1
+            when ``privacy_unit`` is None.
+        columns: The listed columns, keyed by casefolded name (read-only).
+    """
+
+    name: str
+    public: bool
+    privacy_unit: str | None
+    max_groups_per_unit: int
+    max_rows_per_unit: int
+    columns: Mapping[str, ColumnPolicy] = field(hash=False)
+
+    def __post_init__(self) -> None:
+        folded = {name.casefold(): column for name, column in self.columns.items()}
+        object.__setattr__(self, "columns", MappingProxyType(folded))
+        if self.privacy_unit is None:
+            object.__setattr__(self, "max_groups_per_unit", 1)
+            object.__setattr__(self, "max_rows_per_unit", 1)
+
+    def column(self, name: str) -> ColumnPolicy | None:
+        """Look a column up by name, ignoring case (casefold) but nothing else.
+
+        The privacy unit column, when not listed, is ``ColumnPolicy(unit, "filter")``:
+        it may be filtered on, counted distinct and joined on. In a public table an
+        unlisted name gives ``ColumnPolicy(name, "aggregate")`` without bounds (so
+        ``can_aggregate`` is False); the name is not checked against the database.
+        Otherwise an unlisted column is None: denied.
+
+        Args:
+            name: The column name as the query spells it.
+
+        Returns:
+            The column's policy, or None if the column may not be used at all.
+        """
+        key = name.casefold()
+        listed = self.columns.get(key)
+        if listed is not None:
+            return listed
+        if self.privacy_unit is not None and key == self.privacy_unit.casefold():
+            return ColumnPolicy(self.privacy_unit, "filter")
+        if self.public:
+            return ColumnPolicy(name, "aggregate")
+        return None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A whole policy file.
+
+    Attributes:
+        source: The file it came from, or ``"<string>"``.
+        max_epsilon_per_query: The most epsilon one query may spend.
+        max_delta_per_query: The most delta one query may spend.
+        default_epsilon: The epsilon a query spends when it names none.
+        accountant: ``"basic"`` (sequential composition) or ``"pld"``.
+        default_budget: The lifetime budget of an analyst not listed in ``analysts``.
+        analysts: Lifetime budgets by exact analyst name (read-only).
+        tables: Table policies keyed by casefolded name (read-only).
+    """
+
+    source: str
+    max_epsilon_per_query: float
+    max_delta_per_query: float
+    default_epsilon: float
+    accountant: str
+    default_budget: Budget
+    analysts: Mapping[str, Budget] = field(hash=False)
+    tables: Mapping[str, TablePolicy] = field(hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "analysts", MappingProxyType(dict(self.analysts)))
+        folded = {name.casefold(): table for name, table in self.tables.items()}
+        object.__setattr__(self, "tables", MappingProxyType(folded))
+
+    def table(self, name: str) -> TablePolicy | None:
+        """Look a table up by name, ignoring case (casefold); None if not in the policy."""
+        return self.tables.get(name.casefold())
+
+    def budget_for(self, analyst: str) -> Budget:
+        """The lifetime budget of ``analyst`` (exact name), or the default budget."""
+        return self.analysts.get(analyst, self.default_budget)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    """Read and check a policy file.
+
+    Args:
+        path: The TOML policy file.
+
+    Returns:
+        The checked policy, with ``source`` set to ``path``.
+
+    Raises:
+        PolicyError: The file is missing, unreadable, not UTF-8, not TOML, or not a
+            valid policy.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        raise PolicyError(f"{source}: policy file not found; check the path") from None
+    except OSError as exc:
+        raise PolicyError(f"{source}: cannot read the policy file: {exc.strerror}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{source}: the policy file is not UTF-8 text; save it as UTF-8") from exc
+    return parse_policy(text, source=source)
+
+
+def parse_policy(text: str, source: str = "<string>") -> Policy:
+    """Parse and check a policy written in TOML.
+
+    Args:
+        text: The policy, in the format of DESIGN.md §3.
+        source: Where the text came from, used in error messages.
+
+    Returns:
+        The checked policy.
+
+    Raises:
+        PolicyError: The text is not TOML or not a valid policy.
+
+    >>> policy = parse_policy('''
+    ... [privacy]
+    ... max_epsilon_per_query = 1.0
+    ... max_delta_per_query = 1e-6
+    ... default_epsilon = 0.5
+    ... [budget]
+    ... default = { epsilon = 5.0, delta = 1e-5 }
+    ... [tables.visits]
+    ... privacy_unit = "user_id"
+    ... max_groups_per_unit = 4
+    ... max_rows_per_unit = 10
+    ... [tables.visits.columns]
+    ... age = { bounds = [0, 100] }
+    ... ''')
+    >>> policy.table("VISITS").column("Age")
+    ColumnPolicy(name='age', access='aggregate', bounds=(0, 100), public_values=None)
+    >>> policy.table("visits").column("ssn") is None
+    True
+    """
+    where = _Where(source)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise where.error(f"invalid TOML: {exc}; fix the syntax there") from exc
+    _check_keys(where, raw, _TOP_KEYS)
+    max_epsilon, max_delta, default_epsilon, accountant = _parse_privacy(where, raw.get("privacy"))
+    default_budget, analysts = _parse_budgets(where, raw.get("budget"))
+    return Policy(
+        source=source,
+        max_epsilon_per_query=max_epsilon,
+        max_delta_per_query=max_delta,
+        default_epsilon=default_epsilon,
+        accountant=accountant,
+        default_budget=default_budget,
+        analysts=analysts,
+        tables=_parse_tables(where, raw.get("tables")),
+    )
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _parse_privacy(where: _Where, raw: object) -> tuple[float, float, float, str]:
+    """Check the [privacy] section: per-query limits, default epsilon, accountant."""
+    if raw is None:
+        raise where.error(
+            "missing [privacy] section; add one with max_epsilon_per_query, "
+            "max_delta_per_query and default_epsilon"
+        )
+    where = where.at("[privacy]")
+    body = _as_table(where, raw, "a [privacy] section")
+    _check_keys(where, body, _PRIVACY_KEYS)
+    max_epsilon = _epsilon(where, body, "max_epsilon_per_query")
+    max_delta = _delta(where, body, "max_delta_per_query")
+    default_epsilon = _epsilon(where, body, "default_epsilon")
+    if default_epsilon > max_epsilon:
+        raise where.error(
+            f"default_epsilon = {default_epsilon} is more than max_epsilon_per_query = "
+            f"{max_epsilon}; lower default_epsilon or raise max_epsilon_per_query"
+        )
+    accountant = body.get("accountant", "basic")
+    if accountant not in _ACCOUNTANTS:
+        allowed = ", ".join(f'"{name}"' for name in _ACCOUNTANTS)
+        raise where.error(f"unknown accountant {_show(accountant)}; use one of {allowed}")
+    return max_epsilon, max_delta, default_epsilon, accountant
+
+
+def _parse_budgets(where: _Where, raw: object) -> tuple[Budget, dict[str, Budget]]:
+    """Check the [budget] section: the default budget and per-analyst budgets."""
+    example = "default = { epsilon = 5.0, delta = 1e-5 }"
+    if raw is None:
+        raise where.error(f"missing [budget] section; add one with {example}")
+    section = where.at("[budget]")
+    body = _as_table(section, raw, "a [budget] section")
+    _check_keys(section, body, _BUDGET_KEYS)
+    if "default" not in body:
+        raise section.error(f"missing the default budget; add {example}")
+    default = _parse_budget(where.at("[budget] default"), body["default"])
+    listed = _as_table(
+        where.at("[budget.analysts]"), body.get("analysts", {}), "a table of analyst budgets"
+    )
+    analysts = {
+        str(name): _parse_budget(where.at(f"[budget.analysts] analyst {name!r}"), value)
+        for name, value in listed.items()
+    }
+    return default, analysts
+
+
+def _parse_budget(where: _Where, raw: object) -> Budget:
+    """Check one ``{ epsilon = ..., delta = ... }`` budget."""
+    body = _as_table(where, raw, "a budget such as { epsilon = 5.0, delta = 1e-5 }")
+    _check_keys(where, body, _BUDGET_VALUE_KEYS)
+    return Budget(epsilon=_epsilon(where, body, "epsilon"), delta=_delta(where, body, "delta"))
+
+
+def _parse_tables(where: _Where, raw: object) -> dict[str, TablePolicy]:
+    """Check the [tables.NAME] sections; names must differ beyond case."""
+    if not raw:
+        raise where.error("the policy lists no tables; add a [tables.NAME] section for each table")
+    body = _as_table(where.at("[tables]"), raw, "[tables.NAME] sections")
+    tables: dict[str, TablePolicy] = {}
+    for name, value in body.items():
+        table = _parse_table(dataclasses.replace(where, table=name), name, value)
+        _add_unique(where, tables, table, "tables")
+    return tables
+
+
+def _parse_table(where: _Where, name: str, raw: object) -> TablePolicy:
+    """Check one [tables.NAME] section, public or private."""
+    _check_name(where, name, "table")
+    body = _as_table(where, raw, f"a [tables.{name}] section")
+    _check_keys(where, body, _TABLE_KEYS)
+    public = body.get("public", False)
+    if not isinstance(public, bool):
+        raise where.error(f"public must be true or false, got {_show(public)}")
+    columns = _parse_columns(where, body.get("columns", {}))
+    if public:
+        return _public_table(where, name, body, columns)
+    return _private_table(where, name, body, columns)
+
+
+def _public_table(
+    where: _Where, name: str, body: Mapping[str, Any], columns: dict[str, ColumnPolicy]
+) -> TablePolicy:
+    """Build a ``public = true`` table, which has no privacy unit and no caps."""
+    for key in ("privacy_unit", *_CAP_KEYS):
+        if key in body:
+            raise where.error(
+                f"a public table has no privacy unit, so {key} does not apply; remove "
+                f"{key}, or remove public = true if the table holds private data"
+            )
+    return TablePolicy(name, True, None, 1, 1, columns)
+
+
+def _private_table(
+    where: _Where, name: str, body: Mapping[str, Any], columns: dict[str, ColumnPolicy]
+) -> TablePolicy:
+    """Build a private table, per privacy unit or (without ``privacy_unit``) per row."""
+    unit = body.get("privacy_unit")
+    if unit is None:
+        for key in _CAP_KEYS:
+            if body.get(key, 1) != 1:
+                raise where.error(
+                    f"without privacy_unit each row is its own privacy unit, so {key} is 1; "
+                    f'set privacy_unit = "<column>" or remove {key}'
+                )
+        return TablePolicy(name, False, None, 1, 1, columns)
+    if not isinstance(unit, str) or not unit:
+        raise where.error(
+            f'privacy_unit must be a column name such as "user_id", got {_show(unit)}'
+        )
+    _check_unit_column(where, unit, columns)
+    groups = _positive_int(where, body, "max_groups_per_unit")
+    rows = _positive_int(where, body, "max_rows_per_unit")
+    return TablePolicy(name, False, unit, groups, rows, columns)
+
+
+def _check_unit_column(where: _Where, unit: str, columns: Mapping[str, ColumnPolicy]) -> None:
+    """The unit column may be listed only as ``{ access = "filter" }``."""
+    listed = columns.get(unit.casefold())
+    if listed is None:
+        return
+    if listed.access == "filter" and listed.bounds is None and listed.public_values is None:
+        return
+    where = dataclasses.replace(where, column=listed.name)
+    raise where.error(
+        "this is the privacy_unit column, which may only be filtered on, counted distinct "
+        "and joined on, never grouped or aggregated; remove it from [columns] (or list it "
+        'as { access = "filter" }, without bounds or public_values)'
+    )
+
+
+# ---------------------------------------------------------------- columns
+
+
+def _parse_columns(where: _Where, raw: object) -> dict[str, ColumnPolicy]:
+    """Check a [tables.NAME.columns] section; names must differ beyond case."""
+    body = _as_table(where, raw, "a [columns] section of NAME = { ... } entries")
+    columns: dict[str, ColumnPolicy] = {}
+    for name, value in body.items():
+        column = _parse_column(dataclasses.replace(where, column=name), name, value)
+        _add_unique(where, columns, column, "columns")
+    return columns
+
+
+def _parse_column(where: _Where, name: str, raw: object) -> ColumnPolicy:
+    """Check one ``NAME = { bounds = ..., public_values = ..., access = ... }`` entry."""
+    _check_name(where, name, "column")
+    body = _as_table(where, raw, f"an inline table such as {name} = {{ bounds = [0, 100] }}")
+    _check_keys(where, body, _COLUMN_KEYS)
+    bounds = _parse_bounds(where, body["bounds"]) if "bounds" in body else None
+    values = _parse_public_values(where, body["public_values"]) if "public_values" in body else None
+    access = _column_access(where, body.get("access"), bounds, values)
+    return ColumnPolicy(name, access, bounds, values)
+
+
+def _column_access(
+    where: _Where, access: object, bounds: object | None, values: object | None
+) -> str:
+    """The column's access level: as given, or implied by bounds / public_values."""
+    if access is None:
+        if bounds is not None:
+            return "aggregate"
+        if values is not None:
+            return "group"
+        raise where.error(
+            "says nothing about how it may be used; give bounds = [lower, upper] to "
+            'aggregate it, public_values = [...] to group by known keys, or access = "filter", '
+            '"group" or "deny"'
+        )
+    if not isinstance(access, str) or access not in _ACCESS_LEVELS:
+        allowed = ", ".join(f'"{level}"' for level in _ACCESS_LEVELS)
+        raise where.error(f"unknown access {_show(access)}; use one of {allowed}")
+    if access == "deny" and (bounds is not None or values is not None):
+        raise where.error(
+            'access = "deny" cannot have bounds or public_values; remove them, or the access'
+        )
+    if access == "aggregate" and bounds is None:
+        raise where.error(
+            'access = "aggregate" needs bounds = [lower, upper] to clip values to; add them'
+        )
+    return access
+
+
+def _parse_bounds(where: _Where, raw: object) -> tuple[float, float]:
+    """Check ``bounds = [lower, upper]``: two finite numbers, lower < upper."""
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise where.error(f"bounds must be a list of two numbers [lower, upper], got {_show(raw)}")
+    lower = _finite_number(where, "bounds", raw[0])
+    upper = _finite_number(where, "bounds", raw[1])
+    if lower > upper:
+        raise where.error(
+            f"bounds must have lower < upper, but lower > upper in {_show(raw)}; "
+            f"swap them: bounds = [{_show(upper)}, {_show(lower)}]"
+        )
+    if lower == upper:
+        raise where.error(
+            f"bounds must have lower < upper, got {_show(raw)}; widen the range "
+            "(a column with one value needs no aggregate)"
+        )
+    return lower, upper
+
+
+def _parse_public_values(where: _Where, raw: object) -> tuple[object, ...]:
+    """Check ``public_values``: a non-empty list of unique scalars of one kind."""
+    if not isinstance(raw, list) or not raw:
+        raise where.error(
+            f'public_values must be a non-empty list such as ["a", "b"], got {_show(raw)}'
+        )
+    kinds = sorted({_scalar_kind(where, value) for value in raw})
+    if len(kinds) > 1:
+        raise where.error(f"public_values mixes {' and '.join(kinds)}; use values of one type")
+    seen: set[object] = set()
+    for value in raw:
+        if value in seen:
+            raise where.error(f"public_values lists {_show(value)} twice; remove the duplicate")
+        seen.add(value)
+    return tuple(raw)
+
+
+def _scalar_kind(where: _Where, value: object) -> str:
+    """Name the kind of one public value; reject non-scalars and NaN."""
+    if isinstance(value, bool):
+        return "booleans"
+    if isinstance(value, str):
+        return "strings"
+    if isinstance(value, int):
+        return "numbers"
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise where.error("public_values may not contain nan; remove it")
+        return "numbers"
+    raise where.error(
+        f"public_values may hold only strings, numbers and booleans, got {_show(value)}; "
+        'write dates and times as strings such as "2024-01-31"'
+    )
+
+
+# ---------------------------------------------------------------- values
+
+
+def _epsilon(where: _Where, body: Mapping[str, Any], key: str) -> float:
+    """A required epsilon: a finite number > 0."""
+    value = float(_finite_number(where, key, _required(where, body, key, "1.0")))
+    if value <= 0:
+        raise where.error(f"{key} must be greater than 0, got {_show(value)}")
+    return value
+
+
+def _delta(where: _Where, body: Mapping[str, Any], key: str) -> float:
+    """A required delta: a number in [0, 1)."""
+    value = float(_finite_number(where, key, _required(where, body, key, "1e-6")))
+    if not 0 <= value < 1:
+        raise where.error(
+            f"{key} must be in [0, 1), got {_show(value)}; a delta of 1 or more promises "
+            "no privacy at all: use a small value such as 1e-6, or 0"
+        )
+    return value
+
+
+def _positive_int(where: _Where, body: Mapping[str, Any], key: str) -> int:
+    """A required whole number >= 1 (a contribution cap)."""
+    value = _required(where, body, key, "1")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise where.error(f"{key} must be a whole number of at least 1, got {_show(value)}")
+    return value
+
+
+def _required(where: _Where, body: Mapping[str, Any], key: str, example: str) -> object:
+    """The value under ``key``, or an error saying to add it."""
+    if key not in body:
+        raise where.error(f"missing {key}; add it, e.g. {key} = {example}")
+    return body[key]
+
+
+def _finite_number(where: _Where, key: str, value: object) -> int | float:
+    """A finite int or float; booleans are not numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise where.error(f"{key} must be a number, got {_show(value)}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise where.error(f"{key} must be a finite number, got {_show(value)}")
+    return value
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where in the policy a value sits, to name it in error messages."""
+
+    source: str
+    section: str = ""
+    table: str | None = None
+    column: str | None = None
+
+    def at(self, section: str) -> _Where:
+        """The same place, in another section."""
+        return dataclasses.replace(self, section=section)
+
+    def error(self, message: str) -> PolicyError:
+        """A PolicyError prefixed with the file, section, table and column."""
+        parts = [self.section] if self.section else []
+        if self.table is not None:
+            parts.append(f"table {self.table!r}")
+        if self.column is not None:
+            parts.append(f"column {self.column!r}")
+        place = f"{', '.join(parts)}: " if parts else ""
+        return PolicyError(f"{self.source}: {place}{message}")
+
+
+def _check_keys(where: _Where, body: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    """Reject any key not in ``allowed``, suggesting the nearest allowed one."""
+    for key in body:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise where.error(f"unknown key {key!r}{hint}; allowed keys: {', '.join(allowed)}")
+
+
+def _check_name(where: _Where, name: str, what: str) -> None:
+    """Reject an empty or blank table or column name."""
+    if not name.strip():
+        raise where.error(f"empty {what} name; give the {what} its name as in the database")
+
+
+def _as_table(where: _Where, raw: object, expected: str) -> dict[str, Any]:
+    """``raw`` as a TOML table, or an error saying what was expected."""
+    if not isinstance(raw, dict):
+        raise where.error(f"expected {expected}, got {_show(raw)}")
+    return raw
+
+
+def _add_unique(
+    where: _Where, into: dict[str, Any], item: TablePolicy | ColumnPolicy, what: str
+) -> None:
+    """Add ``item`` under its casefolded name, rejecting names that differ only in case."""
+    key = item.name.casefold()
+    if key in into:
+        raise where.error(
+            f"{what} {into[key].name!r} and {item.name!r} differ only in case, and SQL "
+            "names ignore case; keep one"
+        )
+    into[key] = item
+
+
+def _show(value: object) -> str:
+    """Render a value roughly as TOML writes it, for error messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "a table { ... }"
+    return str(value)
+
+
+# ---------------------------------------------------------------- the database
+
+
+def check_against_schema(policy: Policy, schema: Mapping[str, Mapping[str, str]]) -> None:
+    """Check that the database has every table and column the policy names.
+
+    Args:
+        policy: A loaded policy.
+        schema: Table name -> {column name -> DuckDB type such as ``"BIGINT"``}.
+            Names are compared casefolded.
+
+    Raises:
+        PolicyError: Listing every problem: a missing table, privacy unit column or
+            listed column, or bounds on a column that is not numeric.
+
+    >>> policy = parse_policy('''
+    ... [privacy]
+    ... max_epsilon_per_query = 1.0
+    ... max_delta_per_query = 0
+    ... default_epsilon = 1.0
+    ... [budget]
+    ... default = { epsilon = 5.0, delta = 0 }
+    ... [tables.t.columns]
+    ... x = { bounds = [0, 1] }
+    ... ''')
+    >>> check_against_schema(policy, {"t": {"x": "DOUBLE"}})
+    """
+    folded = {
+        table.casefold(): {column.casefold(): kind for column, kind in columns.items()}
+        for table, columns in schema.items()
+    }
+    problems: list[str] = []
+    for table in policy.tables.values():
+        problems.extend(_schema_problems(table, folded))
+    if problems:
+        listing = "\n  - ".join(problems)
+        raise PolicyError(
+            f"{policy.source}: the policy does not match the database:\n  - {listing}"
+        )
+
+
+def _schema_problems(table: TablePolicy, schema: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Everything wrong between one table policy and the database."""
+    columns = schema.get(table.name.casefold())
+    if columns is None:
+        known = ", ".join(sorted(schema)) or "none"
+        return [
+            f"table {table.name!r} is not in the database (tables: {known}); "
+            f"fix the name or remove [tables.{table.name}]"
+        ]
+    problems: list[str] = []
+    unit = table.privacy_unit
+    if unit is not None and unit.casefold() not in columns:
+        problems.append(
+            f"table {table.name!r}: privacy_unit column {unit!r} is not in the table "
+            f"(columns: {', '.join(columns)}); fix privacy_unit"
+        )
+    for column in table.columns.values():
+        problem = _column_problem(table, column, columns)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _column_problem(table: TablePolicy, column: ColumnPolicy, columns: Mapping[str, str]) -> str:
+    """What is wrong with one listed column in the database, or ``""``."""
+    place = f"table {table.name!r}, column {column.name!r}"
+    kind = columns.get(column.name.casefold())
+    if kind is None:
+        known = ", ".join(columns)
+        return f"{place} is not in the table (columns: {known}); fix the name or remove it"
+    if column.bounds is not None and not _NUMERIC_TYPE.fullmatch(kind.strip().upper()):
+        return (
+            f"{place}: bounds need a numeric column, but it is {kind}; remove bounds "
+            '(use access = "group" or public_values instead)'
+        )
+    return ""

@@ -1,0 +1,97 @@
+"""Noisy aggregates -> the analyst's result: select list, HAVING, ORDER BY, LIMIT.
+
+The plan's output query runs over the noisy table alone, on a scratch DuckDB instance that
+holds no data and cannot reach files, so nothing here can touch a raw value: it is
+post-processing, free under differential privacy. Each output column that is a bare
+aggregate (or a public key) carries its per-cell 95% half-width through ORDER BY and LIMIT
+as a hidden column.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import duckdb
+import pyarrow as pa
+import sqlglot.expressions as exp
+
+from dpsql.analyze import NOISY_TABLE
+from dpsql.errors import QueryRejected
+from dpsql.plan import QueryPlan
+from dpsql.sqlcheck import DIALECT
+
+__all__ = ["Postprocessor"]
+
+_HIDDEN = "__acc"
+
+
+class Postprocessor:
+    """Runs output queries over noisy tables on a private, data-free DuckDB."""
+
+    def __init__(self) -> None:
+        self._con = duckdb.connect(
+            ":memory:",
+            config={
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+                "python_enable_replacements": False,
+            },
+        )
+        self._con.execute("SET error_on_division_by_zero = false")
+        self._con.execute("SET enable_external_access = false")
+        self._con.execute("SET lock_configuration = true")
+        self._lock = threading.Lock()
+
+    def check(self, plan: QueryPlan, noisy_schema: pa.Schema) -> None:
+        """Bind the output query on an empty table, so mistakes surface before any charge."""
+        self._run(plan, noisy_schema.empty_table())
+
+    def run(self, plan: QueryPlan, noisy: pa.Table) -> tuple[pa.Table, dict[str, list[float | None]]]:
+        """The visible result and, per output column, its per-row half-widths."""
+        table = self._run(plan, noisy)
+        visible = table.select(list(range(len(plan.output_names))))
+        visible = visible.rename_columns(list(plan.output_names))
+        cells: dict[str, list[float | None]] = {}
+        for i, name in enumerate(plan.output_names):
+            hidden = f"{_HIDDEN}{i}"
+            if hidden in table.schema.names:
+                cells[name] = table[hidden].to_pylist()
+            else:
+                cells[name] = [None] * table.num_rows
+        return visible, cells
+
+    def _run(self, plan: QueryPlan, noisy: pa.Table) -> pa.Table:
+        query = _with_accuracy(plan)
+        sql = query.sql(dialect=DIALECT)
+        with self._lock:
+            try:
+                self._con.register(NOISY_TABLE, noisy)
+                return self._con.sql(sql).to_arrow_table()
+            except duckdb.Error as e:
+                raise QueryRejected(
+                    f"the select list, HAVING or ORDER BY cannot be evaluated on the noisy "
+                    f"aggregates: {str(e).splitlines()[0]}"
+                ) from None
+            finally:
+                self._con.unregister(NOISY_TABLE)
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _with_accuracy(plan: QueryPlan) -> exp.Select:
+    """The output query plus one hidden half-width column per bare aggregate or key."""
+    query = plan.output.copy()
+    keys = {k.name for k in plan.group_keys}
+    for i, projection in enumerate(list(query.expressions)):
+        inner = projection.unalias()
+        if not isinstance(inner, exp.Column):
+            continue
+        if inner.name.startswith("__a"):
+            accuracy: exp.Expression = exp.column(f"__hw{inner.name}", quoted=True)
+        elif inner.name in keys:
+            accuracy = exp.cast(exp.Literal.number(0), exp.DataType.build("DOUBLE"))
+        else:
+            continue
+        query = query.select(exp.alias_(accuracy, f"{_HIDDEN}{i}", quoted=True), copy=False)
+    return query

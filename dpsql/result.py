@@ -1,0 +1,138 @@
+"""Result: the noisy Arrow table, what it cost, and how accurate it is."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["Accuracy", "ColumnPrivacy", "PrivacyReport", "Result"]
+
+
+@dataclass(frozen=True)
+class ColumnPrivacy:
+    """How one output column was protected.
+
+    Attributes:
+        mechanism: "laplace", "gaussian", "public" (a key the policy lists) or several
+            joined by "+" for an expression over aggregates of different mechanisms.
+        noise_std: standard deviation of the noise in the column's units, for a bare
+            COUNT or SUM; ``None`` where it varies by row or is not defined.
+        measurements: the noisy quantities behind the column (JSON-able dicts).
+    """
+
+    mechanism: str
+    noise_std: float | None = None
+    measurements: tuple[dict[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """What the query was charged, and per output column how it was protected."""
+
+    epsilon: float
+    delta: float
+    columns: Mapping[str, ColumnPrivacy] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        lines = [f"PrivacyReport(epsilon={self.epsilon:g}, delta={self.delta:g})"]
+        for name, col in self.columns.items():
+            std = f", noise std {col.noise_std:.4g}" if col.noise_std is not None else ""
+            lines.append(f"  {name}: {col.mechanism}{std}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class Accuracy(Mapping[str, float]):
+    """95% confidence half-widths of the noise.
+
+    ``accuracy[column]`` is the column's largest half-width over its rows (NaN when not
+    defined, e.g. for an expression over several aggregates); ``accuracy.cells(column)``
+    gives one per row.
+    """
+
+    confidence = 0.95
+
+    def __init__(self, cells: Mapping[str, list[float | None]]) -> None:
+        self._cells = dict(cells)
+
+    def cells(self, column: str) -> list[float | None]:
+        return list(self._cells[column])
+
+    def __getitem__(self, column: str) -> float:
+        known = [c for c in self._cells[column] if c is not None]
+        if len(known) < len(self._cells[column]) or not known:
+            return math.nan
+        return max(known)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cells)
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def __repr__(self) -> str:
+        return "Accuracy(" + ", ".join(f"{k}=±{self[k]:.4g}" for k in self) + ")"
+
+
+class Result:
+    """A query's noisy answer, DB-API and Arrow flavoured."""
+
+    def __init__(self, table: pa.Table, privacy: PrivacyReport, accuracy: Accuracy, sql: str = "") -> None:
+        self._table = table
+        self.privacy = privacy
+        self.accuracy = accuracy
+        self.sql = sql
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._table.column_names)
+
+    def arrow(self) -> pa.Table:
+        """The noisy answer as a ``pyarrow.Table``, columns named as in the SELECT."""
+        return self._table
+
+    def df(self) -> Any:
+        """The noisy answer as a pandas DataFrame (needs pandas)."""
+        return self._table.to_pandas()
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        """All rows as tuples, like DB-API ``fetchall``."""
+        columns = [c.to_pylist() for c in self._table.columns]
+        return list(zip(*columns)) if columns else []
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def __repr__(self) -> str:
+        return f"Result({self._table.num_rows} rows, epsilon={self.privacy.epsilon:g}, delta={self.privacy.delta:g})"
+
+    def format(self) -> str:
+        """A plain-text table with ± half-widths, as the CLI prints it."""
+        header = self.columns
+        rows = []
+        for i in range(self._table.num_rows):
+            row = []
+            for name in header:
+                value = self._table[name][i].as_py()
+                hw = self.accuracy.cells(name)[i]
+                row.append(_cell(value, hw))
+            rows.append(row)
+        widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h) for j, h in enumerate(header)]
+        line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+        body = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+        return "\n".join([line, "  ".join("-" * w for w in widths), *body])
+
+
+def _cell(value: Any, half_width: float | None) -> str:
+    if isinstance(value, float):
+        text = f"{value:,.2f}" if abs(value) < 1e15 else f"{value:.4g}"
+    else:
+        text = str(value)
+    if half_width:
+        text += f" ± {half_width:,.2f}" if half_width < 1e15 else f" ± {half_width:.3g}"
+    return text
