@@ -48,6 +48,7 @@ import json
 import math
 import numbers
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -535,7 +536,7 @@ def _open(path: str | None) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise _open_error(path, exc) from exc
     try:
-        _prepare(conn, path)
+        _prepare_patiently(conn, path)
     except BaseException as exc:
         conn.close()
         if isinstance(exc, sqlite3.Error):
@@ -563,6 +564,31 @@ def _not_a_ledger(path: str | None, why: str) -> Error:
     return Error(f"The file {path!r} is not a dpsql budget ledger ({why}). Point the ledger "
                  "at a file dpsql created, or at a new file name; dpsql will not touch "
                  "this one.")
+
+
+def _prepare_patiently(conn: sqlite3.Connection, path: str | None) -> None:
+    """Run :func:`_prepare`, retrying while another process holds the database.
+
+    Switching a new file to WAL can fail with "database is locked" at once, without waiting
+    on the busy timeout, when several processes create the same ledger together. Preparing
+    is idempotent, so retry it with a jittered back-off for up to the busy timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            _prepare(conn, path)
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() > deadline:
+                raise
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            time.sleep(random.uniform(0.001, 0.02))
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    message = str(exc)
+    return "locked" in message or "busy" in message
 
 
 def _prepare(conn: sqlite3.Connection, path: str | None) -> None:

@@ -84,7 +84,7 @@ class DuckDBEngine:
         self._schema = self._read_schema()
 
     def _read_schema(self) -> dict[str, dict[str, str]]:
-        catalog = self._catalog or self._con.sql("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        catalog = self._catalog or self._con.sql("SELECT current_database()").fetchall()[0][0]
         rows = self._con.sql(
             "SELECT table_name, column_name, data_type FROM duckdb_columns() "
             "WHERE database_name = $db AND schema_name = 'main' ORDER BY table_name, column_index",

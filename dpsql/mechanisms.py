@@ -192,9 +192,9 @@ def uniform_below(source: RandomSource, bound: int | IntArray, n: int) -> IntArr
         if n and (bound.min() < 1 or bound.max() > _INT64_MAX):
             raise InternalError("uniform_below bounds must be in [1, 2**63). "
                                 "This is probably a bug in dpsql.")
-        return _uniform_below_array(source, bound.astype(np.int64))
+        return _uniform_below_array(source, bound.astype(np.int64)).astype(np.int64)
     _check_int("bound", bound, 1, _INT64_MAX)
-    return _uniform_below_scalar(source, int(bound), n)
+    return _uniform_below_scalar(source, int(bound), n).astype(np.int64)
 
 
 def _width_for(bound: int) -> int:
@@ -204,27 +204,32 @@ def _width_for(bound: int) -> int:
     return 32 if bound <= 1 << 28 else 64
 
 
-def _uniform_below_scalar(source: RandomSource, bound: int, n: int) -> IntArray:
-    """``uniform_below`` with one bound for every element."""
+def _small_ints(draws: UIntArray) -> npt.NDArray[np.integer]:
+    """Reduced draws as a type that compares exactly with int64: uint16/uint32 as they are,
+    uint64 (always below 2**63 here) reinterpreted as int64 for free."""
+    return draws.view(np.int64) if draws.dtype == np.uint64 else draws
+
+
+def _uniform_below_scalar(source: RandomSource, bound: int, n: int) -> npt.NDArray[np.integer]:
+    """``uniform_below`` with one bound for every element, as uint16, uint32 or int64."""
     width = _width_for(bound)
     dtype = _UINT_DTYPES[width]
     modulus = dtype(bound)
     draws = _random_uints(source, n, width)
-    out = (draws % modulus).astype(np.int64)
+    out = draws % modulus
     limit = (1 << width) - (1 << width) % bound  # accept draws below this
-    if limit == 1 << width:
-        return out
-    cap = dtype(limit - 1)
-    redo = np.flatnonzero(draws > cap)
-    while redo.size:
-        draws = _random_uints(source, redo.size, width)
-        ok = draws <= cap
-        out[redo[ok]] = draws[ok] % modulus
-        redo = redo[~ok]
-    return out
+    if limit < 1 << width:
+        cap = dtype(limit - 1)
+        redo = np.flatnonzero(draws > cap)
+        while redo.size:
+            draws = _random_uints(source, redo.size, width)
+            ok = draws <= cap
+            out[redo[ok]] = draws[ok] % modulus
+            redo = redo[~ok]
+    return _small_ints(out)
 
 
-def _uniform_below_array(source: RandomSource, bounds: IntArray) -> IntArray:
+def _uniform_below_array(source: RandomSource, bounds: IntArray) -> npt.NDArray[np.integer]:
     """``uniform_below`` with one bound per element (``1 <= bounds < 2**63``)."""
     if bounds.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -232,7 +237,7 @@ def _uniform_below_array(source: RandomSource, bounds: IntArray) -> IntArray:
     moduli = bounds.astype(_UINT_DTYPES[width])
     caps = ~(((~moduli) + 1) % moduli)  # 2**w - 1 - (2**w mod bound): accept draws <= cap
     draws = _random_uints(source, bounds.size, width)
-    out = (draws % moduli).astype(np.int64)
+    out = draws % moduli
     redo = np.flatnonzero(draws > caps)
     while redo.size:
         draws = _random_uints(source, redo.size, width)
@@ -240,7 +245,7 @@ def _uniform_below_array(source: RandomSource, bounds: IntArray) -> IntArray:
         kept = redo[ok]
         out[kept] = draws[ok] % moduli[kept]
         redo = redo[~ok]
-    return out
+    return _small_ints(out)
 
 
 def _bernoulli_scaled(source: RandomSource, num: IntArray, den: IntArray | int,
@@ -275,8 +280,10 @@ def _bernoulli_exp_unit(source: RandomSource, num: IntArray, den: IntArray | int
     round has the same K, so K is one Python int per round.
     """
     result = np.ones(num.size, dtype=np.bool_)  # gamma = 0 stops at K = 1: success
-    active = np.flatnonzero(num > 0)
-    k = 1
+    if isinstance(den, int) and den <= _TWO_ROUND_DEN_LIMIT:
+        active, k = _first_two_rounds(source, num, den, result), 3
+    else:
+        active, k = np.flatnonzero(num > 0), 1
     while active.size:
         den_active = den if isinstance(den, int) else den[active]
         going_on = _bernoulli_scaled(source, num[active], den_active, k)
@@ -286,11 +293,45 @@ def _bernoulli_exp_unit(source: RandomSource, num: IntArray, den: IntArray | int
     return result
 
 
+#: ``2 * den**2`` fits int64 up to this denominator.
+_TWO_ROUND_DEN_LIMIT = math.isqrt(_INT64_MAX // 2)
+
+
+def _first_two_rounds(source: RandomSource, num: IntArray, den: int,
+                      result: BoolArray) -> IntArray:
+    """Rounds K = 1 and K = 2 of CKS Algorithm 1 from one uniform U in [0, 2 den^2).
+
+    The two Bernoullis both succeed with probability gamma * gamma / 2, the first with
+    probability gamma: so K > 1 iff U < 2 den num and K > 2 iff U < num^2 (nested events,
+    num <= den). Writes the outcome of elements that stop (K = 1 odd, K = 2 even) into
+    ``result`` and returns the indices of those that go on with K = 3.
+    """
+    u = _uniform_below_scalar(source, 2 * den * den, num.size)
+    past_one = u < num * (2 * den)
+    past_two = u < num * num
+    result[:] = ~past_one | past_two  # K = 1: success; K = 2: failure; K > 2: decided later
+    return np.flatnonzero(past_two)
+
+
+_FACTORIAL_N = 10
+#: 10!/k! for k = 10, 9, ..., 1 (ascending): Bernoulli(exp(-1)) has K > k iff U < 10!/k!.
+_FACTORIAL_STEPS = np.array([math.factorial(_FACTORIAL_N) // math.factorial(k)
+                             for k in range(_FACTORIAL_N, 0, -1)], dtype=np.int64)
+
+
 def _bernoulli_exp_minus_one(source: RandomSource, n: int) -> BoolArray:
-    """``n`` draws of Bernoulli(exp(-1)): CKS Algorithm 1 with gamma = 1 (K = 1 always goes on)."""
-    result = np.empty(n, dtype=np.bool_)
-    active = np.arange(n)
-    k = 2
+    """``n`` draws of Bernoulli(exp(-1)): CKS Algorithm 1 with gamma = 1.
+
+    With gamma = 1, P[K > k] = 1/k!. One U uniform in [0, 10!) gives the first ten
+    rounds at once: K > k iff U < 10!/k! (nested events of probability 1/k!), so
+    K = 1 + #{k <= 10 : U < 10!/k!}. Only U = 0 (K > 10, probability 2.8e-7) goes on
+    with one Bernoulli(1/K) per round.
+    """
+    u = _uniform_below_scalar(source, math.factorial(_FACTORIAL_N), n)
+    passed = _FACTORIAL_N - np.searchsorted(_FACTORIAL_STEPS, u, side="right")  # = K - 1
+    result = passed % 2 == 0  # K odd
+    active = np.flatnonzero(passed == _FACTORIAL_N)
+    k = _FACTORIAL_N + 1
     while active.size:
         going_on = _uniform_below_scalar(source, k, active.size) == 0
         result[active[~going_on]] = k % 2 == 1
@@ -415,7 +456,7 @@ def _sample_by_rejection(attempt: Callable[[int], IntArray], n: int, rate: float
 
 def _laplace_attempt(source: RandomSource, t: int, s: int, n: int) -> IntArray:
     """``n`` proposals of CKS Algorithm 2; returns the accepted values in order."""
-    u = _uniform_below_scalar(source, t, n)
+    u = _uniform_below_scalar(source, t, n).astype(np.int64)
     keep = np.flatnonzero(_bernoulli_exp_unit(source, u, t))
     v = _successes_before_failure(source, keep.size)
     y = _laplace_magnitude(u[keep], v, t, s)

@@ -48,6 +48,8 @@ def _int(value: int) -> exp.Literal:
 
 
 def _func(name: str, *args: exp.Expression) -> exp.Expression:
+    """A plain function call. (sqlglot's own Greatest/Least nodes wrap DuckDB's in NULL
+    checks; every NULL here is handled explicitly instead.)"""
     return exp.Anonymous(this=name, expressions=list(args))
 
 
@@ -114,10 +116,7 @@ def _fixed_point(x: exp.Expression, m: Measurement) -> exp.Expression:
     if m.kind == "sum_centred":
         x = exp.Sub(this=x, expression=exp.Literal.number(repr(midpoint(m.bounds))))
     lo, hi = clip_range(m.kind, m.bounds)
-    clipped = exp.Least(
-        this=exp.Greatest(this=x, expressions=[_float(lo)]),
-        expressions=[_float(hi)],
-    )
+    clipped = _func("least", _func("greatest", x, _float(lo)), _float(hi))
     scaled = exp.Mul(this=clipped, expression=_float(2.0**m.frac_bits))
     return exp.cast(exp.Round(this=scaled), exp.DataType.build("BIGINT"))
 
@@ -133,9 +132,9 @@ def _pairs(plan: QueryPlan, rows: exp.Select) -> exp.Select:
     for m in plan.measurements:
         v = _col(f"{m.name}_v")
         if m.kind == "count_rows":
-            value: exp.Expression = exp.Least(this=exp.Count(this=exp.Star()), expressions=[cap.copy()])
+            value: exp.Expression = _func("least", exp.Count(this=exp.Star()), cap.copy())
         elif m.kind == "count_values":
-            value = exp.Least(this=exp.Count(this=v), expressions=[cap.copy()])
+            value = _func("least", exp.Count(this=v), cap.copy())
         elif m.kind == "count_units":
             value = _int(1)
         else:
@@ -172,7 +171,7 @@ def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
         total = exp.Coalesce(this=total, expressions=[_int(0)])
         if m.shift:
             total = exp.BitwiseRightShift(this=exp.cast(total, exp.DataType.build("HUGEINT")), expression=_int(m.shift))
-        saturated = exp.Least(this=exp.Greatest(this=total, expressions=[_int(-_LIMIT)]), expressions=[_int(_LIMIT)])
+        saturated = _func("least", _func("greatest", total, _int(-_LIMIT)), _int(_LIMIT))
         projections.append(exp.alias_(exp.cast(saturated, exp.DataType.build("BIGINT")), m.name, quoted=True))
     query = exp.select(*projections).from_(source.subquery("__src"))
     return query.group_by(*keys) if keys else query

@@ -382,8 +382,11 @@ def test_threads_with_their_own_ledgers_on_one_file_never_overspend(tmp_path: Pa
 def spend_in_process(path: str, barrier: object, results: object) -> None:
     """Child process: wait for all, open the (maybe new) ledger, spend, report."""
     barrier.wait()  # type: ignore[attr-defined]
-    with Ledger(path) as ledger:
-        results.put(spend(ledger, 40))  # type: ignore[attr-defined]
+    try:
+        with Ledger(path) as ledger:
+            results.put(spend(ledger, 40))  # type: ignore[attr-defined]
+    except Exception as exc:  # report it at once rather than leave the parent waiting
+        results.put(repr(exc))  # type: ignore[attr-defined]
 
 
 def test_processes_sharing_one_file_never_overspend(tmp_path: Path) -> None:
@@ -398,6 +401,7 @@ def test_processes_sharing_one_file_never_overspend(tmp_path: Path) -> None:
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
+    assert all(isinstance(g, int) for g in granted), granted
     assert sum(granted) == 10
     with Ledger(path) as ledger:
         status = ledger.status("alice", Budget(1.0, 0.0))

@@ -1,0 +1,377 @@
+"""The ``dpsql`` command line (DESIGN §4): ``demo``, ``query``, ``budget``, ``policy check``.
+
+Each subcommand is a small function that takes the parsed arguments, prints, and returns
+an exit code. Errors are never shown as tracebacks: a :class:`dpsql.Error` (or a file
+system error) prints ``error: <message>`` on stderr and exits 1; a bad command line exits 2
+with argparse's usage message.
+
+>>> main(["policy", "check", str(DEMO_POLICY)])  # doctest: +ELLIPSIS
+OK: .../demo.toml: 2 tables, 8 columns
+...
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import dpsql
+from dpsql.accounting import BudgetStatus, Ledger
+from dpsql.connection import Connection, Explanation
+from dpsql.demo import make_demo_database
+from dpsql.engine import DuckDBEngine
+from dpsql.errors import Error, PolicyError
+from dpsql.policy import ColumnPolicy, Policy, TablePolicy, check_against_schema, load_policy
+from dpsql.result import PrivacyReport, Result
+
+__all__ = ["DEMO_POLICY", "default_demo_dir", "main"]
+
+#: The policy the demo uses: ``policies/demo.toml`` of the source checkout.
+DEMO_POLICY = Path(__file__).resolve().parents[1] / "policies" / "demo.toml"
+
+_DEMO_ANALYST = "alice"
+_SHOWN_VALUES = 6  # public values listed by ``policy check`` before "..."
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``dpsql`` command line with ``argv`` (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 on a dpsql or file system error, 2 on a bad command line.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, or argparse's usage error
+        return stop.code if isinstance(stop.code, int) else 2
+    command: Callable[[argparse.Namespace], int] = args.command
+    try:
+        return command(args)
+    except (Error, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):  # `dpsql demo | head`: stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpsql", description="Differentially private SQL over DuckDB."
+    )
+    parser.add_argument("--version", action="version", version=f"dpsql {dpsql.__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser("demo", help="run example queries on a synthetic database")
+    demo.add_argument("--dir", type=Path, help=f"where to keep the database (default {default_demo_dir()})")
+    demo.add_argument("--rows", type=_positive_int, default=1_000_000, help="rows of visits (default 1000000)")
+    demo.add_argument("--units", type=_positive_int, default=100_000, help="distinct users (default 100000)")
+    demo.set_defaults(command=run_demo)
+
+    query = commands.add_parser("query", help="answer one SQL query with differential privacy")
+    query.add_argument("sql", metavar="SQL", help="one SELECT statement")
+    _add_connection_arguments(query)
+    query.add_argument("--epsilon", type=float, help="epsilon to spend (default: the policy's default_epsilon)")
+    query.add_argument("--delta", type=float, help="delta to spend (default 0: Laplace noise, pure DP)")
+    query.add_argument("--explain", action="store_true", help="show cost, mechanisms and bounded SQL; read no data, charge nothing")
+    query.set_defaults(command=run_query)
+
+    budget = commands.add_parser("budget", help="show an analyst's spent and remaining budget")
+    budget.add_argument("--policy", required=True, help="the policy file (gives the analyst's total)")
+    budget.add_argument("--ledger", required=True, help="the budget ledger (SQLite file)")
+    budget.add_argument("--analyst", required=True, help="whose budget to show")
+    budget.set_defaults(command=run_budget)
+
+    policy = commands.add_parser("policy", help="work with policy files")
+    policy_commands = policy.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    check = policy_commands.add_parser("check", help="check a policy file, and optionally a database")
+    check.add_argument("policy", metavar="POLICY", help="the TOML policy file")
+    check.add_argument("--db", help="also check that this DuckDB file matches the policy")
+    check.set_defaults(command=run_policy_check)
+    return parser
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", required=True, help="the DuckDB database file (opened read-only)")
+    parser.add_argument("--policy", required=True, help="the TOML policy file")
+    parser.add_argument("--analyst", default="default", help="whose budget is charged (default: 'default')")
+    parser.add_argument("--ledger", help="budget ledger file, created if missing (default: none, nothing is kept)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text.replace("_", ""))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+# ---------------------------------------------------------------- dpsql query
+
+
+def run_query(args: argparse.Namespace) -> int:
+    """``dpsql query``: print the noisy table, what it cost, and the budget left."""
+    if args.ledger is None:
+        print(
+            "warning: no --ledger: this charge is not recorded, so the analyst's budget "
+            "does not carry over to the next command. Pass --ledger FILE to keep it.",
+            file=sys.stderr,
+        )
+    with dpsql.connect(args.db, policy=args.policy, analyst=args.analyst, ledger=args.ledger) as conn:
+        if args.explain:
+            print(_format_explanation(conn.explain(args.sql, epsilon=args.epsilon, delta=args.delta)))
+        else:
+            result = conn.execute(args.sql, epsilon=args.epsilon, delta=args.delta)
+            print(_format_result(result, conn.analyst))
+        print(_format_budget_line(conn.budget()))
+    return 0
+
+
+def _format_result(result: Result, analyst: str) -> str:
+    return f"{result.format()}\n\n{_format_privacy(result.privacy, analyst)}"
+
+
+def _format_privacy(report: PrivacyReport, analyst: str) -> str:
+    lines = [f"charged to {analyst}: epsilon={report.epsilon:g}, delta={report.delta:g}"]
+    for name, column in report.columns.items():
+        std = f", noise std {column.noise_std:.4g}" if column.noise_std is not None else ""
+        lines.append(f"  {name}: {column.mechanism}{std}")
+    lines += [f"  note: {note}" for note in report.notes]
+    return "\n".join(lines)
+
+
+def _format_explanation(explanation: Explanation) -> str:
+    lines = [
+        f"would charge epsilon={explanation.epsilon:g}, delta={explanation.delta:g} "
+        f"({explanation.plan.mechanism} noise); nothing read, nothing charged",
+        "expected accuracy (95% half-width of the noise):",
+        *(f"  {sql}: ±{half_width:.4g}" for sql, half_width in explanation.accuracy.items()),
+        "bounded SQL:",
+        *(f"  {line}" for line in explanation.bounded_sql.splitlines()),
+    ]
+    return "\n".join(lines)
+
+
+def _format_budget_line(status: BudgetStatus) -> str:
+    return (
+        f"budget left for {status.analyst}: epsilon {status.epsilon_remaining:g} of "
+        f"{status.epsilon_total:g}, delta {status.delta_remaining:g} of {status.delta_total:g} "
+        f"({status.queries} {'query' if status.queries == 1 else 'queries'} charged)"
+    )
+
+
+# ---------------------------------------------------------------- dpsql budget
+
+
+def run_budget(args: argparse.Namespace) -> int:
+    """``dpsql budget``: what an analyst has spent and has left, from the ledger."""
+    policy = load_policy(args.policy)
+    budget = policy.budget_for(args.analyst)
+    exists = os.path.exists(args.ledger)
+    # A missing ledger means nothing was spent; read it as empty rather than create it.
+    with Ledger(args.ledger if exists else None) as ledger:
+        status = ledger.status(args.analyst, budget)
+    where = args.ledger if exists else f"{args.ledger} (no such file yet: nothing spent)"
+    print(f"analyst {status.analyst}, ledger {where}")
+    print(f"  epsilon: {status.epsilon_spent:g} spent, {status.epsilon_remaining:g} remaining of {status.epsilon_total:g}")
+    print(f"  delta:   {status.delta_spent:g} spent, {status.delta_remaining:g} remaining of {status.delta_total:g}")
+    print(f"  queries: {status.queries}")
+    return 0
+
+
+# ---------------------------------------------------------------- dpsql policy check
+
+
+def run_policy_check(args: argparse.Namespace) -> int:
+    """``dpsql policy check``: load the policy (and match it to ``--db``), then summarise it."""
+    policy = load_policy(args.policy)
+    against = ""
+    if args.db is not None:
+        engine = DuckDBEngine(args.db)
+        try:
+            check_against_schema(policy, engine.schema())
+        finally:
+            engine.close()
+        against = f"; matches database {args.db}"
+    columns = sum(len(table.columns) for table in policy.tables.values())
+    print(f"OK: {policy.source}: {len(policy.tables)} tables, {columns} columns{against}")
+    print("\n".join(_describe_policy(policy)))
+    return 0
+
+
+def _describe_policy(policy: Policy) -> list[str]:
+    lines = [
+        f"  per query: epsilon <= {policy.max_epsilon_per_query:g} (default "
+        f"{policy.default_epsilon:g}), delta <= {policy.max_delta_per_query:g}; "
+        f"accountant {policy.accountant}",
+        f"  budget: default epsilon={policy.default_budget.epsilon:g}, delta={policy.default_budget.delta:g}",
+    ]
+    lines += [
+        f"    {name}: epsilon={b.epsilon:g}, delta={b.delta:g}" for name, b in policy.analysts.items()
+    ]
+    for table in policy.tables.values():
+        lines.append(f"  table {table.name}: {_describe_table(table)}")
+        lines += [f"    {c.name}: {_describe_column(c)}" for c in table.columns.values()]
+    return lines
+
+
+def _describe_table(table: TablePolicy) -> str:
+    if table.public:
+        return "public (every column usable)"
+    if table.privacy_unit is None:
+        return "private, each row is its own privacy unit"
+    return (
+        f"private, privacy unit {table.privacy_unit}; each unit counts in at most "
+        f"{table.max_groups_per_unit} groups, {table.max_rows_per_unit} rows per group"
+    )
+
+
+def _describe_column(column: ColumnPolicy) -> str:
+    if column.access == "deny":
+        return "deny"
+    text = column.access
+    if column.bounds is not None:
+        text += f", bounds [{column.bounds[0]:g}, {column.bounds[1]:g}]"
+    if column.public_values is not None:
+        shown = ", ".join(str(v) for v in column.public_values[:_SHOWN_VALUES])
+        more = len(column.public_values) - _SHOWN_VALUES
+        text += f", public values {shown}" + (f", ... ({more} more)" if more > 0 else "")
+    return text
+
+
+# ---------------------------------------------------------------- dpsql demo
+
+
+@dataclass(frozen=True)
+class _DemoQuery:
+    title: str
+    sql: str
+    epsilon: float
+    delta: float = 0.0
+
+
+_DEMO_QUERIES = (
+    _DemoQuery(
+        "How many visits? Each user counts at most max_rows_per_unit = 10 rows, so heavy "
+        "users are capped and the count is below the raw row count.",
+        "SELECT COUNT(*) AS visits FROM visits",
+        0.1,
+    ),
+    _DemoQuery(
+        "Per region: public keys, so every region is shown, and income is clipped to [0, 250000].",
+        "SELECT region, COUNT(*) AS n, SUM(visits) AS total_visits, AVG(income) AS avg_income\n"
+        "FROM visits GROUP BY region",
+        0.5,
+    ),
+    _DemoQuery(
+        "A filtered average.",
+        "SELECT AVG(age) AS avg_age FROM visits WHERE device = 'mobile' AND income >= 50000",
+        0.3,
+    ),
+    _DemoQuery(
+        "Two keys, with delta > 0: calibrated Gaussian noise instead of Laplace.",
+        "SELECT region, device, COUNT(*) AS n FROM visits GROUP BY region, device",
+        0.5,
+        1e-7,
+    ),
+    _DemoQuery(
+        "Distinct users: the privacy unit may be counted, never selected.",
+        "SELECT COUNT(DISTINCT user_id) AS users FROM visits",
+        0.2,
+    ),
+)
+
+_REFUSED_DEMO_QUERY = "SELECT ssn, income FROM visits WHERE age > 90"
+
+
+def default_demo_dir() -> Path:
+    """The cache folder for the demo database: ``$XDG_CACHE_HOME/dpsql-demo`` or ``~/.cache/dpsql-demo``.
+
+    >>> default_demo_dir().name
+    'dpsql-demo'
+    """
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "dpsql-demo"
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        return Path(os.environ["LOCALAPPDATA"]) / "dpsql-demo"
+    return Path.home() / ".cache" / "dpsql-demo"
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """``dpsql demo``: build the synthetic database if needed, then query it as alice."""
+    start = time.perf_counter()
+    policy = _demo_policy()
+    database = _demo_database(args.dir or default_demo_dir(), args.rows, args.units)
+    with dpsql.connect(database, policy=policy, analyst=_DEMO_ANALYST, ledger=None) as conn:
+        print(f"policy: {policy.source}\nanalyst: {_DEMO_ANALYST}, in-memory ledger\n{_format_budget_line(conn.budget())}")
+        for number, query in enumerate(_DEMO_QUERIES, 1):
+            _run_demo_query(conn, number, query)
+        _run_refused_demo_query(conn, len(_DEMO_QUERIES) + 1)
+    print(f"\ndone in {time.perf_counter() - start:.1f} s. Try your own: dpsql query --db {database} "
+          f"--policy {policy.source} --ledger budget.sqlite --analyst alice \"SELECT ...\"")
+    return 0
+
+
+def _demo_policy() -> Policy:
+    if not DEMO_POLICY.is_file():
+        raise PolicyError(
+            f"the demo policy {DEMO_POLICY} is missing. `dpsql demo` reads policies/demo.toml "
+            "from a source checkout: clone the repository and run `pip install -e .` there."
+        )
+    return load_policy(DEMO_POLICY)
+
+
+def _demo_database(directory: Path, rows: int, units: int) -> Path:
+    """Return the cached demo database for (rows, units), building it first if needed."""
+    path = directory / f"visits-{rows}x{units}.duckdb"
+    if path.exists():
+        print(f"database: {path} (cached; delete it to rebuild)")
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    print(f"building the demo database: {rows:,} rows, {units:,} users ...", flush=True)
+    start = time.perf_counter()
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:  # build under another name, so an interrupted build is never taken for a cache
+        make_demo_database(partial, rows=rows, units=units)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+        partial.with_name(partial.name + ".wal").unlink(missing_ok=True)
+    print(f"database: {path} (built in {time.perf_counter() - start:.1f} s)")
+    return path
+
+
+def _run_demo_query(conn: Connection, number: int, query: _DemoQuery) -> None:
+    print(f"\n-- {number}. {query.title}")
+    print(_indent(query.sql))
+    print(f"   epsilon={query.epsilon:g}, delta={query.delta:g}\n")
+    result = conn.execute(query.sql, epsilon=query.epsilon, delta=query.delta)
+    print(_format_result(result, conn.analyst))
+    print(_format_budget_line(conn.budget()))
+
+
+def _run_refused_demo_query(conn: Connection, number: int) -> None:
+    print(f"\n-- {number}. A query the policy refuses: ssn is denied, and raw rows are never released.")
+    print(_indent(_REFUSED_DEMO_QUERY) + "\n")
+    try:
+        conn.execute(_REFUSED_DEMO_QUERY, epsilon=0.5)
+    except Error as exc:
+        print(f"error: {exc}")
+    else:  # pragma: no cover - the demo policy denies ssn
+        raise dpsql.InternalError("the demo policy answered a query on ssn; this is a bug in dpsql")
+    print(f"nothing was charged. {_format_budget_line(conn.budget())}")
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"   {line}" for line in text.splitlines())
