@@ -22,7 +22,6 @@ import itertools
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dpsql.mechanisms import RandomSource
 from dpsql.plan import Aggregate, Measurement, QueryPlan
@@ -36,19 +35,18 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     """One row per public group (the cartesian product of the keys' public values)."""
     if not plan.group_keys:
         return exact
-    grid_rows = list(itertools.product(*(k.public_values for k in plan.group_keys)))
-    grid = pa.table(
-        {k.name: pa.array([row[i] for row in grid_rows]) for i, k in enumerate(plan.group_keys)}
-        | {"__order": pa.array(np.arange(len(grid_rows), dtype=np.int64))}
-    )
-    exact = exact.cast(
-        pa.schema([grid.schema.field(f.name) if f.name in grid.schema.names else f for f in exact.schema])
-    )
-    joined = grid.join(exact, keys=[k.name for k in plan.group_keys], join_type="left outer")
-    joined = joined.sort_by("__order").drop_columns(["__order"])
-    filled = [pc.fill_null(joined[m.name], 0) for m in plan.measurements]
-    keys = [joined[k.name] for k in plan.group_keys]
-    return pa.table(keys + filled, names=[k.name for k in plan.group_keys] + [m.name for m in plan.measurements])
+    names = [k.name for k in plan.group_keys]
+    grid = list(itertools.product(*(k.public_values for k in plan.group_keys)))
+    found = zip(*(exact[n].to_pylist() for n in names))
+    position = {key: i for i, key in enumerate(found)}
+    rows = np.array([position.get(key, -1) for key in grid], dtype=np.int64)
+    columns: dict[str, pa.Array] = {
+        n: pa.array([key[i] for key in grid]) for i, n in enumerate(names)
+    }
+    for m in plan.measurements:
+        values = exact[m.name].to_numpy().astype(np.int64, copy=False)
+        columns[m.name] = pa.array(np.where(rows >= 0, values[rows], 0) if len(values) else np.zeros(len(grid), np.int64))
+    return pa.table(columns)
 
 
 def _released(m: Measurement, exact: pa.ChunkedArray, source: RandomSource | None) -> np.ndarray:
