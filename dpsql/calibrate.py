@@ -29,8 +29,13 @@ __all__ = ["MeasurementSpec", "calibrate", "fixed_point"]
 #: Per-row fixed-point values stay below 2**ROW_BITS: exact in a double, and sums of up to
 #: 2**80 rows fit the engine's 128-bit integers.
 ROW_BITS = 40
-#: The noise stays below about 2**NOISE_BITS lattice steps, so samplers work in int64.
-NOISE_BITS = 24
+#: The release lattice is fine enough that one unit moves a group by about 2**GROUP_BITS
+#: lattice steps; rounding the sensitivity up to a whole step then costs at most 2**-GROUP_BITS
+#: of the noise.
+GROUP_BITS = 12
+#: ... unless the noise would pass 2**NOISE_BITS lattice steps (only at tiny epsilon), where
+#: the samplers' exact integer arithmetic ends; the lattice is coarsened instead.
+NOISE_BITS = {"laplace": 40, "gaussian": 26}
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,15 @@ def fixed_point(spec: MeasurementSpec) -> tuple[int, int]:
     return frac_bits, row_bound
 
 
+def lattice_units(value: int, shift: int) -> int:
+    """``ceil(value / 2**shift)`` for either sign of ``shift``.
+
+    >>> lattice_units(10, -2), lattice_units(10, 2), lattice_units(12, 2)
+    (40, 3, 3)
+    """
+    return value << -shift if shift < 0 else -(-value >> shift)
+
+
 def calibrate(
     specs: list[MeasurementSpec],
     *,
@@ -112,8 +126,11 @@ def _measure(
 ) -> Measurement:
     frac_bits, row_bound = fixed_point(spec)
     group_bound = 1 if spec.kind == "count_units" else max_rows * row_bound
-    shift = max(0, math.ceil(spread * group_bound).bit_length() - NOISE_BITS)
-    group_sensitivity = -(-group_bound >> shift)
+    shift = group_bound.bit_length() - (GROUP_BITS + 1)
+    limit = 2 ** NOISE_BITS["gaussian" if mu > 0 else "laplace"]
+    while spread * lattice_units(group_bound, shift) > limit:
+        shift += 1
+    group_sensitivity = lattice_units(group_bound, shift)
     if mu > 0:
         noise = gaussian_noise(math.sqrt(l0) * group_sensitivity, mu)
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -75,8 +76,8 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="run example queries on a synthetic database")
     demo.add_argument("--dir", type=Path, help=f"where to keep the database (default {default_demo_dir()})")
-    demo.add_argument("--rows", type=_positive_int, default=1_000_000, help="rows of visits (default 1000000)")
-    demo.add_argument("--units", type=_positive_int, default=100_000, help="distinct users (default 100000)")
+    demo.add_argument("--rows", type=_positive_int, default=1_000_000, help="rows (default 1000000)")
+    demo.add_argument("--units", type=_positive_int, default=100_000, help="users (default 100000)")
     demo.set_defaults(command=run_demo)
 
     query = commands.add_parser("query", help="answer one SQL query with differential privacy")
@@ -84,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_connection_arguments(query)
     query.add_argument("--epsilon", type=float, help="epsilon to spend (default: the policy's default_epsilon)")
     query.add_argument("--delta", type=float, help="delta to spend (default 0: Laplace noise, pure DP)")
-    query.add_argument("--explain", action="store_true", help="show cost, mechanisms and bounded SQL; read no data, charge nothing")
+    query.add_argument(
+        "--explain", action="store_true", help="show cost, accuracy and bounded SQL; read no data, charge nothing"
+    )
     query.set_defaults(command=run_query)
 
     budget = commands.add_parser("budget", help="show an analyst's spent and remaining budget")
@@ -95,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
     policy = commands.add_parser("policy", help="work with policy files")
     policy_commands = policy.add_subparsers(title="commands", metavar="COMMAND", required=True)
-    check = policy_commands.add_parser("check", help="check a policy file, and optionally a database")
+    check = policy_commands.add_parser("check", help="check a policy file (and a database against it)")
     check.add_argument("policy", metavar="POLICY", help="the TOML policy file")
     check.add_argument("--db", help="also check that this DuckDB file matches the policy")
     check.set_defaults(command=run_policy_check)
@@ -183,8 +186,9 @@ def run_budget(args: argparse.Namespace) -> int:
         status = ledger.status(args.analyst, budget)
     where = args.ledger if exists else f"{args.ledger} (no such file yet: nothing spent)"
     print(f"analyst {status.analyst}, ledger {where}")
-    print(f"  epsilon: {status.epsilon_spent:g} spent, {status.epsilon_remaining:g} remaining of {status.epsilon_total:g}")
-    print(f"  delta:   {status.delta_spent:g} spent, {status.delta_remaining:g} remaining of {status.delta_total:g}")
+    s = status
+    print(f"  epsilon: {s.epsilon_spent:g} spent, {s.epsilon_remaining:g} remaining of {s.epsilon_total:g}")
+    print(f"  delta:   {s.delta_spent:g} spent, {s.delta_remaining:g} remaining of {s.delta_total:g}")
     print(f"  queries: {status.queries}")
     return 0
 
@@ -262,8 +266,7 @@ class _DemoQuery:
 
 _DEMO_QUERIES = (
     _DemoQuery(
-        "How many visits? Each user counts at most max_rows_per_unit = 10 rows, so heavy "
-        "users are capped and the count is below the raw row count.",
+        "How many visits? A user counts at most 10 rows (max_rows_per_unit): heavy users are capped.",
         "SELECT COUNT(*) AS visits FROM visits",
         0.1,
     ),
@@ -314,12 +317,14 @@ def run_demo(args: argparse.Namespace) -> int:
     policy = _demo_policy()
     database = _demo_database(args.dir or default_demo_dir(), args.rows, args.units)
     with dpsql.connect(database, policy=policy, analyst=_DEMO_ANALYST, ledger=None) as conn:
-        print(f"policy: {policy.source}\nanalyst: {_DEMO_ANALYST}, in-memory ledger\n{_format_budget_line(conn.budget())}")
+        print(f"policy: {policy.source}\nanalyst: {_DEMO_ANALYST}, in-memory ledger")
+        print(_format_budget_line(conn.budget()))
         for number, query in enumerate(_DEMO_QUERIES, 1):
             _run_demo_query(conn, number, query)
         _run_refused_demo_query(conn, len(_DEMO_QUERIES) + 1)
-    print(f"\ndone in {time.perf_counter() - start:.1f} s. Try your own: dpsql query --db {database} "
-          f"--policy {policy.source} --ledger budget.sqlite --analyst alice \"SELECT ...\"")
+    print(f"\ndone in {time.perf_counter() - start:.1f} s. Try your own:")
+    print(f"   dpsql query --db {shlex.quote(str(database))} --policy {shlex.quote(policy.source)} "
+          '--ledger budget.sqlite --analyst alice "SELECT ..."')
     return 0
 
 

@@ -10,7 +10,10 @@ noise the exact sum is floored to the *release lattice* by an arithmetic shift o
 ``shift`` bits, so released numbers are multiples of ``2**(shift - frac_bits)`` and the noise
 is an integer on that lattice. Flooring by ``2**shift`` maps two sums that differ by at most
 ``D`` to values that differ by at most ``ceil(D / 2**shift)``; that is the per-group
-sensitivity ``group_sensitivity`` the noise is calibrated to.
+sensitivity ``group_sensitivity`` the noise is calibrated to. A negative ``shift`` refines the
+lattice instead (exact sums are multiplied by ``2**-shift``), so that a count's noise, say,
+is not coarser than its calibration: a noisy COUNT is then rounded to a whole number,
+which is post-processing.
 """
 
 from __future__ import annotations

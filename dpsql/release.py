@@ -29,6 +29,7 @@ from dpsql.plan import Aggregate, Measurement, QueryPlan
 __all__ = ["complete_groups", "noisy_schema", "noisy_table"]
 
 Z95 = 1.959963984540054
+_SATURATE = 2**62
 
 
 def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
@@ -49,9 +50,20 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     return pa.table(columns)
 
 
-def _released(m: Measurement, exact: pa.ChunkedArray, source: RandomSource | None) -> np.ndarray:
+def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, source: RandomSource | None) -> np.ndarray:
+    """Exact lattice value plus integer noise (a negative shift refines the lattice here)."""
     values = exact.to_numpy().astype(np.int64, copy=False)
+    if m.shift < 0:
+        limit = _SATURATE >> -m.shift
+        values = np.clip(values, -limit, limit) << -m.shift
     return values + m.noise.sample(len(values), source)
+
+
+def _whole(released: np.ndarray, m: Measurement) -> np.ndarray:
+    """A noisy count in whole units: exact when the lattice is coarser, else rounded."""
+    if m.shift >= 0:
+        return released << m.shift
+    return (released + (1 << (-m.shift - 1))) >> -m.shift
 
 
 def noisy_table(plan: QueryPlan, exact: pa.Table, source: RandomSource | None = None) -> pa.Table:
@@ -72,8 +84,7 @@ def _aggregate(
     first = plan.measurement(agg.measurements[0])
     n = len(released[first.name])
     if agg.function in ("count", "count_distinct"):
-        values = released[first.name] << first.shift
-        return values, np.full(n, first.half_width())
+        return _whole(released[first.name], first), np.full(n, first.half_width())
     if agg.function == "sum":
         return released[first.name] * first.lattice, np.full(n, first.half_width())
     count = plan.measurement(agg.measurements[1])
@@ -86,7 +97,7 @@ def _average(
     assert agg.bounds is not None
     lo, hi = (float(b) for b in agg.bounds)
     centred_sum = s * total.lattice
-    n = np.maximum((c << count.shift).astype(np.float64), 1.0)
+    n = np.maximum(c * count.lattice, 1.0)
     mean = centred_sum / n
     values = np.clip(lo / 2 + hi / 2 + mean, lo, hi)
     spread = np.sqrt(total.noise_std**2 + mean**2 * count.noise_std**2) / n

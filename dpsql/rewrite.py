@@ -169,7 +169,7 @@ def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
         else:
             total = exp.Sum(this=_col(m.name))
         total = exp.Coalesce(this=total, expressions=[_int(0)])
-        if m.shift:
+        if m.shift > 0:
             total = exp.BitwiseRightShift(this=exp.cast(total, exp.DataType.build("HUGEINT")), expression=_int(m.shift))
         saturated = _func("least", _func("greatest", total, _int(-_LIMIT)), _int(_LIMIT))
         projections.append(exp.alias_(exp.cast(saturated, exp.DataType.build("BIGINT")), m.name, quoted=True))
