@@ -387,20 +387,19 @@ class Ledger:
         total = budget_units(budget)
         new = charge_units(charge)
         with self._locked(), self._write_transaction():
-            records = self._records(analyst)
-            after = self._compose(records, charge, new)
+            spent, count = self._spent(analyst)
+            after = self._spent(analyst, charge, new)[0]
             if after[0] > total[0] or after[1] > total[1]:
-                spent = self._compose(records)
                 raise _budget_exceeded(analyst, new, spent, after, total)
             self._insert(analyst, charge, new)
-            return _status(analyst, after, total, len(records) + 1)
+            return _status(analyst, after, total, count + 1)
 
     def status(self, analyst: str, budget: BudgetLike) -> BudgetStatus:
         """Return what ``analyst`` has spent and has left of ``budget``."""
         total = budget_units(budget)
         with self._locked():
-            records = self._records(analyst)
-        return _status(analyst, self._compose(records), total, len(records))
+            spent, count = self._spent(analyst)
+        return _status(analyst, spent, total, count)
 
     def events(self, analyst: str) -> list[ChargeRecord]:
         """Return ``analyst``'s charges, oldest first."""
@@ -454,6 +453,22 @@ class Ledger:
             "SELECT id, analyst, time, query, epsilon_units, delta_units, mechanisms "
             "FROM events WHERE analyst = ? ORDER BY id", (analyst,))
         return cursor.fetchall()
+
+    def _spent(self, analyst: str, new: Charge | None = None,
+               new_units: tuple[int, int] | None = None) -> tuple[tuple[int, int], int]:
+        """Composed spending in units (with an optional new charge), and the event count.
+
+        The basic accountant's sums are computed by SQLite over integers, exactly, without
+        reading every event into Python; other accountants compose the event records."""
+        if type(self.accountant) is BasicAccountant:
+            count, eps, dlt = self._conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0) "
+                "FROM events WHERE analyst = ?", (analyst,)).fetchone()
+            if new_units is not None:
+                eps, dlt = eps + new_units[0], dlt + new_units[1]
+            return (int(eps), int(dlt)), int(count)
+        records = self._records(analyst)
+        return self._compose(records, new, new_units), len(records)
 
     def _insert(self, analyst: str, charge: Charge, units: tuple[int, int]) -> None:
         self._conn.execute(
