@@ -331,7 +331,7 @@ def _source_text(node: exp.Expression) -> str:
 
 
 def _count_clause(ctx: _Context, clause: exp.Expression, key: str) -> exp.Expression:
-    value = clause.expression if key == "limit" else clause.this
+    value = clause.expression
     if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
         raise reject(f"{key.upper()} must be a non-negative whole number.", ctx.sql, clause)
     return clause.copy()

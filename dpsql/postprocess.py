@@ -43,9 +43,10 @@ class Postprocessor:
         self._lock = threading.Lock()
 
     def check(self, plan: QueryPlan, noisy_schema: pa.Schema) -> None:
-        """Bind the output query on an empty table, so mistakes surface before any charge."""
+        """Run the output query on one row of made-up values, so mistakes surface before
+        any charge. (An empty table would not do: DuckDB casts lazily, per row.)"""
         if _direct_columns(plan) is None:
-            self._run(plan, noisy_schema.empty_table())
+            self._run(plan, _sample_row(plan, noisy_schema))
 
     def run(self, plan: QueryPlan, noisy: pa.Table) -> tuple[pa.Table, dict[str, list[float | None]]]:
         """The visible result and, per output column, its per-row half-widths."""
@@ -81,6 +82,14 @@ class Postprocessor:
 
     def close(self) -> None:
         self._con.close()
+
+
+def _sample_row(plan: QueryPlan, schema: pa.Schema) -> pa.Table:
+    keys = {k.name: k.public_values[0] for k in plan.group_keys}
+    columns = [
+        pa.array([keys[f.name]] if f.name in keys else [1], type=f.type) for f in schema
+    ]
+    return pa.table(columns, schema=schema)
 
 
 def _direct_columns(plan: QueryPlan) -> list[str] | None:
