@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import re
 import signal
 import sqlite3
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -381,12 +383,28 @@ def test_threads_with_their_own_ledgers_on_one_file_never_overspend(tmp_path: Pa
 
 def spend_in_process(path: str, barrier: object, results: object) -> None:
     """Child process: wait for all, open the (maybe new) ledger, spend, report."""
-    barrier.wait()  # type: ignore[attr-defined]
     try:
+        barrier.wait(timeout=30)  # type: ignore[attr-defined]
         with Ledger(path) as ledger:
             results.put(spend(ledger, 40))  # type: ignore[attr-defined]
     except Exception as exc:  # report it at once rather than leave the parent waiting
         results.put(repr(exc))  # type: ignore[attr-defined]
+
+
+def collect(results: Any, processes: list[Any], timeout: float = 60) -> list[object]:
+    """Gather one result per process; fail fast if a process dies without reporting."""
+    collected: list[object] = []
+    deadline = time.monotonic() + timeout
+    while len(collected) < len(processes) and time.monotonic() < deadline:
+        try:
+            collected.append(results.get(timeout=0.1))
+        except queue.Empty:
+            dead = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+            assert not dead, f"a child process died with exit code {dead[0]}"
+    for process in processes:
+        process.join(timeout=max(1.0, deadline - time.monotonic()))
+        assert process.exitcode == 0
+    return collected
 
 
 def test_processes_sharing_one_file_never_overspend(tmp_path: Path) -> None:
@@ -397,10 +415,7 @@ def test_processes_sharing_one_file_never_overspend(tmp_path: Path) -> None:
                  for _ in range(8)]
     for process in processes:
         process.start()
-    granted = [results.get(timeout=60) for _ in processes]
-    for process in processes:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    granted = collect(results, processes)
     assert all(isinstance(g, int) for g in granted), granted
     assert sum(granted) == 10
     with Ledger(path) as ledger:
