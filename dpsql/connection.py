@@ -26,10 +26,10 @@ from dpsql.analyze import analyze
 from dpsql.engine import DuckDBEngine, Engine
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.mechanisms import RandomSource
-from dpsql.plan import QueryPlan
+from dpsql.plan import Aggregate, QueryPlan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
-from dpsql.release import noisy_schema, noisy_table
+from dpsql.release import count_half_width, noisy_schema, noisy_table
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 from dpsql.rewrite import bounded_query
 
@@ -45,12 +45,17 @@ class Explanation:
         self.delta = plan.delta
         self.bounded_sql = bounded_sql
         self.mechanisms = {m.name: m.describe() for m in plan.measurements}
-        self.accuracy = {a.sql: plan.measurement(a.measurements[0]).half_width() for a in plan.aggregates if a.function != "avg"}
+        self.accuracy = {a.sql: _expected_half_width(plan, a) for a in plan.aggregates if a.function != "avg"}
 
     def __repr__(self) -> str:
         lines = [f"Explanation(epsilon={self.epsilon:g}, delta={self.delta:g}, mechanism={self.plan.mechanism})"]
         lines += [f"  {sql}: ±{hw:.4g} (95%)" for sql, hw in self.accuracy.items()]
         return "\n".join(lines)
+
+
+def _expected_half_width(plan: QueryPlan, aggregate: Aggregate) -> float:
+    first = plan.measurement(aggregate.measurements[0])
+    return count_half_width(first) if aggregate.function.startswith("count") else first.half_width()
 
 
 class Connection:

@@ -19,6 +19,7 @@ two noise terms, evaluated at the noisy values (post-processing, so free):
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -59,6 +60,12 @@ def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, source: RandomS
     return values + m.noise.sample(len(values), source)
 
 
+def count_half_width(m: Measurement) -> float:
+    """A count's half-width: whole, since a noisy count rounded to whole units covers the
+    (whole) true count exactly when the noise is within the rounded-up half-width."""
+    return float(math.ceil(m.half_width())) if m.shift < 0 else m.half_width()
+
+
 def _whole(released: np.ndarray, m: Measurement) -> np.ndarray:
     """A noisy count in whole units: exact when the lattice is coarser, else rounded."""
     if m.shift >= 0:
@@ -84,7 +91,7 @@ def _aggregate(
     first = plan.measurement(agg.measurements[0])
     n = len(released[first.name])
     if agg.function in ("count", "count_distinct"):
-        return _whole(released[first.name], first), np.full(n, first.half_width())
+        return _whole(released[first.name], first), np.full(n, count_half_width(first))
     if agg.function == "sum":
         return released[first.name] * first.lattice, np.full(n, first.half_width())
     count = plan.measurement(agg.measurements[1])

@@ -12,7 +12,12 @@ every exact bounded aggregate independently of dpsql. Tables:
 ``heavy_t``      one unit with 1000 rows in ``g00`` and 1 to 5 rows in each of 50 more
                  groups, plus light units.
 ``rowpick_t``    200 units, each alone in its own group with 20 rows ``x = 2**r``.
-``grouppick_t``  300 units, each with 10 rows in ``h0`` and one row in each of ``h1``..``h9``.
+``grouppick_t``  200 units, each with its own 10 groups ``j{unit}_{i}``: 10 rows in ``i = 0``
+                 and one row in each of ``i = 1..9``.
+``order_t``      2000 units with one arbitrary double each (float sums depend on order).
+
+``stats_database(path, rows, seed)`` writes the same tables with each table's rows
+permuted, for order-independence tests.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from dpsql.policy import Policy, parse_policy
@@ -46,9 +52,16 @@ ROWPICK_UNITS = 200
 ROWPICK_ROWS = 20
 ROWPICK_MAX_ROWS = 3
 
-GROUPPICK_UNITS = 300
-GROUPPICK_GROUPS = tuple(f"h{i}" for i in range(10))
+GROUPPICK_UNITS = 200
+GROUPPICK_PER_UNIT = 10
 GROUPPICK_MAX_GROUPS = 2
+
+
+def grouppick_key(unit: int, i: int) -> str:
+    return f"j{unit:03d}_{i}"
+
+
+GROUPPICK_GROUPS = tuple(grouppick_key(u, i) for u in range(GROUPPICK_UNITS) for i in range(GROUPPICK_PER_UNIT))
 
 
 @dataclass(frozen=True)
@@ -93,20 +106,62 @@ def _rowpick_rows() -> list[tuple[object, ...]]:
 def _grouppick_rows() -> list[tuple[object, ...]]:
     rows: list[tuple[object, ...]] = []
     for uid in range(GROUPPICK_UNITS):
-        rows += [(uid, "h0")] * 10
-        rows += [(uid, g) for g in GROUPPICK_GROUPS[1:]]
+        rows += [(uid, grouppick_key(uid, 0))] * 10
+        rows += [(uid, grouppick_key(uid, i)) for i in range(1, GROUPPICK_PER_UNIT)]
     return rows
 
 
+def _order_rows() -> list[tuple[object, ...]]:
+    rng = np.random.default_rng(7)
+    awkward = [1e15, -1e15, 0.1, 0.2, 0.3, 1e-9, -1e-9, 99.9, 100.1, -20.1]
+    values = np.concatenate([rng.uniform(-30, 110, 1990), awkward])
+    return [(uid, float(v)) for uid, v in enumerate(values)]
+
+
+_ARROW_TYPES = {"INTEGER": pa.int32(), "VARCHAR": pa.string(), "DOUBLE": pa.float64()}
+
+
 def _create(con: duckdb.DuckDBPyConnection, name: str, columns: str, rows: list[tuple[object, ...]]) -> None:
+    """CREATE TABLE, then insert ``rows`` in order (one Arrow scan; executemany is slow)."""
+    fields = [column.split() for column in columns.split(",")]
+    data = pa.table({
+        field: pa.array([row[i] for row in rows], type=_ARROW_TYPES[kind])
+        for i, (field, kind) in enumerate(fields)
+    })
     con.execute(f"CREATE TABLE {name} ({columns})")
-    marks = ", ".join("?" * len(rows[0]))
-    con.executemany(f"INSERT INTO {name} VALUES ({marks})", rows)
+    con.register("__rows", data)
+    try:
+        con.execute(f"INSERT INTO {name} SELECT * FROM __rows")
+    finally:
+        con.unregister("__rows")
+
+
+_SCHEMAS = {
+    "noise_t": "uid INTEGER, g VARCHAR, x DOUBLE, y DOUBLE",
+    "clip_t": "uid INTEGER, x DOUBLE, k INTEGER",
+    "clip_rows": "x DOUBLE, k INTEGER",
+    "heavy_t": "uid INTEGER, g VARCHAR, x DOUBLE",
+    "rowpick_t": "uid INTEGER, g VARCHAR, x DOUBLE",
+    "grouppick_t": "uid INTEGER, g VARCHAR",
+    "order_t": "uid INTEGER, x DOUBLE",
+}
+
+
+def stats_database(path: Path, rows: dict[str, list[tuple[object, ...]]], seed: int | None = None) -> Path:
+    """Write every table to a new DuckDB file; ``seed`` permutes each table's insert order."""
+    rng = None if seed is None else np.random.default_rng(seed)
+    con = duckdb.connect(str(path))
+    try:
+        for name, columns in _SCHEMAS.items():
+            table = rows[name] if rng is None else [rows[name][i] for i in rng.permutation(len(rows[name]))]
+            _create(con, name, columns, table)
+    finally:
+        con.close()
+    return path
 
 
 @pytest.fixture(scope="session")
 def stats_data(tmp_path_factory: pytest.TempPathFactory) -> StatsData:
-    path = tmp_path_factory.mktemp("stats") / "stats.duckdb"
     clip = [(uid, x, k) for uid, (x, k) in enumerate(zip(CLIP_X, CLIP_K))]
     rows = {
         "noise_t": _noise_rows(),
@@ -115,17 +170,9 @@ def stats_data(tmp_path_factory: pytest.TempPathFactory) -> StatsData:
         "heavy_t": _heavy_rows(),
         "rowpick_t": _rowpick_rows(),
         "grouppick_t": _grouppick_rows(),
+        "order_t": _order_rows(),
     }
-    con = duckdb.connect(str(path))
-    try:
-        _create(con, "noise_t", "uid INTEGER, g VARCHAR, x DOUBLE, y DOUBLE", rows["noise_t"])
-        _create(con, "clip_t", "uid INTEGER, x DOUBLE, k INTEGER", rows["clip_t"])
-        _create(con, "clip_rows", "x DOUBLE, k INTEGER", rows["clip_rows"])
-        _create(con, "heavy_t", "uid INTEGER, g VARCHAR, x DOUBLE", rows["heavy_t"])
-        _create(con, "rowpick_t", "uid INTEGER, g VARCHAR, x DOUBLE", rows["rowpick_t"])
-        _create(con, "grouppick_t", "uid INTEGER, g VARCHAR", rows["grouppick_t"])
-    finally:
-        con.close()
+    path = stats_database(tmp_path_factory.mktemp("stats") / "stats.duckdb", rows)
     return StatsData(path, rows)
 
 
@@ -185,6 +232,13 @@ max_groups_per_unit = {GROUPPICK_MAX_GROUPS}
 max_rows_per_unit = 1
 [tables.grouppick_t.columns]
 g = {{ public_values = {_values(GROUPPICK_GROUPS)} }}
+
+[tables.order_t]
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.order_t.columns]
+x = {{ bounds = [{NOISE_X_BOUNDS[0]}, {NOISE_X_BOUNDS[1]}] }}
 """
 
 
