@@ -16,7 +16,8 @@ million cells cost a few dozen vector passes, not a million Python iterations.
 Calibration, in exact or rounded-up arithmetic:
 
 - ``laplace_noise(D1, epsilon)``: scale ``t / s >= D1 / epsilon``, epsilon-DP;
-- ``gaussian_noise(D2, mu)``: ``sigma^2 = t * m >= (D2 / mu)^2``, mu-GDP;
+- ``gaussian_noise(D2, mu)``: ``sigma^2 = t * m >= (D2 / mu)^2 + 1/6``, mu-GDP (the 1/6
+  covers the discrete Gaussian's small excess over the continuous privacy curve);
 - ``gdp_delta`` / ``gdp_mu``: the exact (epsilon, delta) curve of mu-GDP, and its inverse.
 
 Randomness comes from a :class:`RandomSource`: :class:`SystemRandom` (``os.urandom``) in
@@ -28,10 +29,10 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
-from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -580,6 +581,8 @@ class DiscreteLaplace:
     def __post_init__(self) -> None:
         _check_int("t", self.t, 1, _PARAM_LIMIT - 1)
         _check_int("s", self.s, 1, _PARAM_LIMIT - 1)
+        object.__setattr__(self, "t", int(self.t))  # numpy integers become Python ints
+        object.__setattr__(self, "s", int(self.s))
         if self.t > _MAX_LAPLACE_SCALE * self.s:
             raise InternalError(f"discrete Laplace scale {self.t}/{self.s} exceeds 2**56 "
                                 "lattice steps; use a coarser lattice. This is probably a bug.")
@@ -597,7 +600,8 @@ class DiscreteLaplace:
 
     def sample(self, n: int, source: RandomSource | None = None) -> IntArray:
         """``n`` independent draws (int64), from ``source`` or the system CSPRNG."""
-        return sample_discrete_laplace(source or default_source, self.t, self.s, n)
+        chosen = default_source if source is None else source
+        return sample_discrete_laplace(chosen, self.t, self.s, n)
 
     def quantile_abs(self, confidence: float = 0.95) -> float:
         """The smallest integer q with P(|Z| <= q) >= confidence, from the exact cdf."""
@@ -637,7 +641,9 @@ class DiscreteGaussian:
     def __post_init__(self) -> None:
         _check_int("t", self.t, 1, _PARAM_LIMIT - 1)
         _check_int("m", self.m, 1, _PARAM_LIMIT - 1)
-        _check_gaussian_params(int(self.t), int(self.m))
+        object.__setattr__(self, "t", int(self.t))  # numpy integers become Python ints
+        object.__setattr__(self, "m", int(self.m))
+        _check_gaussian_params(self.t, self.m)
 
     @property
     def sigma(self) -> float:
@@ -658,7 +664,8 @@ class DiscreteGaussian:
 
     def sample(self, n: int, source: RandomSource | None = None) -> IntArray:
         """``n`` independent draws (int64), from ``source`` or the system CSPRNG."""
-        return sample_discrete_gaussian(source or default_source, self.t, self.m, n)
+        chosen = default_source if source is None else source
+        return sample_discrete_gaussian(chosen, self.t, self.m, n)
 
     def quantile_abs(self, confidence: float = 0.95) -> float:
         """The smallest integer q with P(|Z| <= q) >= confidence.
