@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from dpsql import predicates
-from dpsql.calibrate import MeasurementSpec, calibrate
+from dpsql.calibrate import MeasurementSpec, calibrate, partition_selection, selection_share
 from dpsql.errors import PolicyViolation, QueryRejected
-from dpsql.plan import Aggregate, GroupKey, QueryPlan
+from dpsql.plan import SOURCE_ALIAS, Aggregate, GroupKey, QueryPlan
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.sqlcheck import DIALECT, parse_select, point_at, reject
 
@@ -114,8 +114,21 @@ def analyze(
     if not ctx.aggregates:
         raise reject("the query has no aggregate; select at least one, e.g. COUNT(*).", sql)
     l0, sample_groups = _effective_l0(ctx)
+    selection, agg_eps, agg_dlt = None, eps, dlt
+    if any(not k.is_public for k in ctx.keys.values()):
+        if dlt == 0:
+            private = next(k for k in ctx.keys.values() if not k.is_public)
+            raise reject(
+                f"grouping by {private.column or 'an expression'!r}, whose values the policy does "
+                "not list, needs DP partition selection, which needs a delta: pass e.g. delta=1e-7.",
+                sql,
+                select.args.get("group"),
+            )
+        eps_sel, dlt_sel = selection_share(eps, dlt, len(ctx.specs))
+        selection = partition_selection(eps_sel, dlt_sel, l0)
+        agg_eps, agg_dlt = eps - eps_sel, dlt - dlt_sel
     measurements = calibrate(
-        list(ctx.specs.values()), epsilon=eps, delta=dlt, l0=l0, max_rows=ctx.table.max_rows_per_unit
+        list(ctx.specs.values()), epsilon=agg_eps, delta=agg_dlt, l0=l0, max_rows=ctx.table.max_rows_per_unit
     )
     return QueryPlan(
         sql=sql,
@@ -133,6 +146,7 @@ def analyze(
         epsilon=eps,
         delta=dlt,
         mechanism="gaussian" if dlt > 0 else "laplace",
+        selection=selection,
     )
 
 
@@ -246,14 +260,10 @@ def _plan_group_keys(ctx: _Context, select: exp.Select) -> None:
             node = projections[index].unalias()
         elif isinstance(item, exp.Column) and not item.table:
             node = _select_alias(projections, item.name) or item
-        if not isinstance(node, exp.Column):
-            raise reject(
-                "GROUP BY expressions are not supported yet; group by columns whose values the "
-                "policy lists (public_values).",
-                ctx.sql,
-                item,
-            )
-        _add_key(ctx, node)
+        if isinstance(node, exp.Column):
+            _add_column_key(ctx, node)
+        else:
+            _add_expression_key(ctx, node)
 
 
 def _select_alias(projections: list[exp.Expression], name: str) -> exp.Expression | None:
@@ -263,12 +273,9 @@ def _select_alias(projections: list[exp.Expression], name: str) -> exp.Expressio
     return None
 
 
-def _add_key(ctx: _Context, column: exp.Column) -> None:
+def _groupable(ctx: _Context, column: exp.Column) -> tuple[ColumnPolicy, str]:
     policy, dtype = _column(ctx, column)
-    cf = policy.name.casefold()
-    if cf in ctx.keys:
-        return
-    if ctx.table.privacy_unit and cf == ctx.table.privacy_unit.casefold():
+    if ctx.table.privacy_unit and policy.name.casefold() == ctx.table.privacy_unit.casefold():
         raise PolicyViolation(
             f"the privacy unit column {column.name!r} may not be grouped by: that would release "
             f"one row per person.\n{point_at(ctx.sql, column)}"
@@ -278,24 +285,56 @@ def _add_key(ctx: _Context, column: exp.Column) -> None:
             f"column {column.name!r} is {policy.access}-only in the policy and may not be a "
             f"GROUP BY key; use it in WHERE only.\n{point_at(ctx.sql, column)}"
         )
-    if not policy.is_public_key:
-        raise reject(
-            f"column {column.name!r} has no public_values in the policy, so its keys would need "
-            "DP partition selection, which is not supported yet. Ask the data owner to list its "
-            "values (public_values).",
-            ctx.sql,
-            column,
-        )
-    values = predicates.check_public_values(ctx.table.name, policy, dtype)
-    ctx.keys[cf] = GroupKey(name=f"__g{len(ctx.keys)}", column=policy.name, public_values=values)
+    return policy, dtype
+
+
+def _add_column_key(ctx: _Context, column: exp.Column) -> None:
+    policy, dtype = _groupable(ctx, column)
+    identity = policy.name.casefold()
+    if identity in ctx.keys:
+        return
+    canonical = exp.column(policy.name, table=SOURCE_ALIAS, quoted=True)
+    name = f"__g{len(ctx.keys)}"
+    if policy.is_public_key:
+        values = predicates.check_public_values(ctx.table.name, policy, dtype)
+        key = GroupKey(name, policy.name, canonical, values, ((policy.name, values),), predicates.family(dtype))
+    else:
+        key = GroupKey(name, policy.name, canonical, None, (), predicates.family(dtype))
+    ctx.keys[identity] = key
+
+
+def _add_expression_key(ctx: _Context, node: exp.Expression) -> None:
+    identity = _shape(node)
+    if identity in ctx.keys:
+        return
+    canonical, family = predicates.check_key(ctx.sql, node, _resolver(ctx))
+    inputs: dict[str, tuple[object, ...]] = {}
+    private = False
+    for column in node.find_all(exp.Column):
+        policy, dtype = _groupable(ctx, column)
+        if policy.is_public_key:
+            inputs[policy.name] = predicates.check_public_values(ctx.table.name, policy, dtype)
+        else:
+            private = True
+    values = None if private or not inputs else predicates.enumerate_key(ctx.sql, node, canonical, inputs)
+    filters = tuple(inputs.items()) if values is not None else ()
+    ctx.keys[identity] = GroupKey(f"__g{len(ctx.keys)}", None, canonical, values, filters, family)
+
+
+def _shape(node: exp.Expression) -> str:
+    """An expression's text with table qualifiers dropped, to match keys in the select list."""
+    bare = node.copy().transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
+    return "expr:" + bare.sql(dialect=DIALECT).casefold()
 
 
 def _effective_l0(ctx: _Context) -> tuple[int, bool]:
     """The L0 bound used for sensitivity, and whether the rewrite must enforce it."""
     if ctx.table.privacy_unit is None:
         return 1, False
-    groups = math.prod(len(k.public_values) for k in ctx.keys.values())
     cap = ctx.table.max_groups_per_unit
+    if any(not k.is_public for k in ctx.keys.values()):
+        return cap, True
+    groups = math.prod(len(k.public_values or ()) for k in ctx.keys.values())
     return (groups, False) if groups <= cap else (cap, True)
 
 
@@ -353,6 +392,10 @@ def _output_expression(ctx: _Context, node: exp.Expression, aliases: list[str] |
     alias_set = {a.casefold(): a for a in aliases or []}
 
     def replace(n: exp.Expression) -> exp.Expression:
+        if not isinstance(n, exp.Column) and not isinstance(n, exp.Literal):
+            key = ctx.keys.get(_shape(n))
+            if key is not None:
+                return exp.column(key.name, quoted=True)
         if isinstance(n, exp.AggFunc) or _is_aggregate_like(n):
             return exp.column(_add_aggregate(ctx, n), quoted=True)
         if isinstance(n, exp.Column):
@@ -392,6 +435,15 @@ def _is_aggregate_like(node: exp.Expression) -> bool:
     return isinstance(node, exp.Filter) or (isinstance(node, exp.Anonymous) and node.name.casefold() in _AGG_NAMES)
 
 
+#: The spread aggregates, by sqlglot node; DuckDB's VARIANCE and STDDEV are the sample ones.
+_SPREAD: dict[type[exp.Expression], str] = {
+    exp.VariancePop: "var_pop",
+    exp.Variance: "var_samp",
+    exp.StddevPop: "stddev_pop",
+    exp.StddevSamp: "stddev_samp",
+    exp.Stddev: "stddev_samp",
+}
+
 _AGG_NAMES = {"count", "sum", "avg", "mean", "median", "quantile", "quantile_cont", "list", "string_agg"}
 
 
@@ -410,7 +462,12 @@ def _add_aggregate(ctx: _Context, node: exp.Expression) -> str:
     else:
         policy = _aggregatable(ctx, column, node)
         bounds = policy.bounds
-        kinds = [("sum", column)] if function == "sum" else [("sum_centred", column), ("count_values", column)]
+        if function == "sum":
+            kinds = [("sum", column)]
+        elif function == "avg":
+            kinds = [("sum_centred", column), ("count_values", column)]
+        else:
+            kinds = [("sum_squares", column), ("sum_centred", column), ("count_values", column)]
     names = tuple(_add_spec(ctx, kind, col, bounds) for kind, col in kinds)
     agg = Aggregate(
         name=f"__a{len(ctx.aggregates)}",
@@ -427,7 +484,7 @@ def _add_spec(ctx: _Context, kind: str, column: exp.Column | None, bounds: tuple
     name = ctx.table.column(column.name).name if column is not None else None  # type: ignore[union-attr]
     key = (kind, name.casefold() if name else None)
     if key not in ctx.specs:
-        spec_bounds = bounds if kind in ("sum", "sum_centred") else None
+        spec_bounds = bounds if kind in ("sum", "sum_centred", "sum_squares") else None
         ctx.specs[key] = MeasurementSpec(f"__m{len(ctx.specs)}", kind, name, spec_bounds)  # type: ignore[arg-type]
     return ctx.specs[key].name
 
@@ -468,14 +525,15 @@ def _aggregate_call(ctx: _Context, node: exp.Expression) -> tuple[str, exp.Colum
                 node,
             )
         return "count", _bare_column(ctx, arg, node)
-    if isinstance(node, (exp.Sum, exp.Avg)):
+    if isinstance(node, (exp.Sum, exp.Avg, *_SPREAD)):
         if isinstance(node.this, exp.Distinct):
             raise reject(f"{node.key.upper()}(DISTINCT ...) is not supported.", ctx.sql, node)
-        return node.key.lower(), _bare_column(ctx, node.this, node)
+        function = _SPREAD.get(type(node), node.key.lower())
+        return function, _bare_column(ctx, node.this, node)
     name = node.name.upper() if isinstance(node, exp.Anonymous) else type(node).__name__.upper()
     raise reject(
         f"aggregate {name} is not supported; use COUNT(*), COUNT(col), COUNT(DISTINCT unit), "
-        "SUM(col) or AVG(col).",
+        "SUM, AVG, VAR_POP, VAR_SAMP (VARIANCE), STDDEV_POP or STDDEV_SAMP (STDDEV).",
         ctx.sql,
         node,
     )

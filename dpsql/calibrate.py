@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from dpsql.errors import InternalError
 from dpsql.mechanisms import gaussian_noise, gdp_mu, laplace_noise
-from dpsql.plan import Measurement, MeasurementKind
+from dpsql.plan import Measurement, MeasurementKind, Selection
 
-__all__ = ["MeasurementSpec", "calibrate", "fixed_point"]
+__all__ = ["MeasurementSpec", "calibrate", "fixed_point", "partition_selection", "selection_share"]
 
 #: Per-row fixed-point values stay below 2**ROW_BITS: exact in a double, and sums of up to
 #: 2**80 rows fit the engine's 128-bit integers.
@@ -49,14 +49,28 @@ class MeasurementSpec:
 
 
 def clip_range(kind: str, bounds: tuple[float, float] | None) -> tuple[float, float]:
-    """The interval per-row values are clipped into (centred for ``sum_centred``)."""
+    """The interval per-row values are clipped into.
+
+    ``sum`` sums ``x``; ``sum_centred`` sums ``x - mid``; ``sum_squares`` sums
+    ``(x - mid)**2 - h**2 / 2`` with ``h = (upper - lower) / 2``, centred as well so that a
+    row moves it by at most ``h**2 / 2``.
+    """
     if bounds is None:
         raise InternalError(f"a measurement of kind {kind} has no bounds")
     lo, hi = bounds
     if kind == "sum_centred":
         mid = midpoint(bounds)
         return lo - mid, hi - mid
+    if kind == "sum_squares":
+        half = square_offset(bounds)
+        return -half, half
     return lo, hi
+
+
+def square_offset(bounds: tuple[float, float]) -> float:
+    """``h**2 / 2``: the offset subtracted from each squared centred value."""
+    h = (bounds[1] - bounds[0]) / 2
+    return h * h / 2
 
 
 def midpoint(bounds: tuple[float, float]) -> float:
@@ -93,6 +107,29 @@ def lattice_units(value: int, shift: int) -> int:
     (40, 3, 3)
     """
     return value << -shift if shift < 0 else -(-value >> shift)
+
+
+def selection_share(epsilon: float, delta: float, measurements: int) -> tuple[float, float]:
+    """The (epsilon, delta) partition selection takes: one measurement's share of epsilon
+    and half of delta (the Gaussian aggregates get the other half)."""
+    return epsilon / (measurements + 1), delta / 2
+
+
+def partition_selection(epsilon: float, delta: float, l0: int, name: str = "__sel") -> Selection:
+    """Laplace-threshold partition selection (see :class:`~dpsql.plan.Selection`).
+
+    >>> sel = partition_selection(0.5, 1e-6, 1)
+    >>> sel.threshold
+    28
+    """
+    noise = laplace_noise(l0, epsilon)
+    p = math.exp(-noise.s / noise.t)
+    # the smallest k with l0 * p**k / (1 + p) <= delta, checked in log space with a margin
+    # for float error
+    k = max(0, math.ceil(math.log(delta * (1 + p) / l0) / math.log(p)) - 1)
+    while math.log(l0) + k * math.log(p) - math.log1p(p) > math.log(delta) - 1e-9:
+        k += 1
+    return Selection(name=name, noise=noise, threshold=k + 1, epsilon=epsilon, delta=delta)
 
 
 def calibrate(

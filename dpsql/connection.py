@@ -108,7 +108,7 @@ class Connection:
         self._precheck(plan, budget)
         exact = self._engine.run(bounded_query(plan, self._engine))
         noisy = noisy_table(plan, exact, self._source)
-        charge = Charge(plan.epsilon, plan.delta, sql, tuple(m.describe() for m in plan.measurements))
+        charge = Charge(plan.epsilon, plan.delta, sql, _described(plan))
         self._ledger.charge(self._analyst, budget, charge)
         table, cells = self._post.run(plan, noisy)
         return Result(table, _privacy_report(plan), Accuracy(cells), sql)
@@ -152,20 +152,31 @@ class Connection:
         self.close()
 
 
+def _described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
+    """Every noisy quantity of the plan, as the ledger records it."""
+    selection = (plan.selection.describe(),) if plan.selection is not None else ()
+    return selection + tuple(m.describe() for m in plan.measurements)
+
+
 def _privacy_report(plan: QueryPlan) -> PrivacyReport:
     by_name = {a.name: a for a in plan.aggregates}
-    keys = {k.name for k in plan.group_keys}
+    keys = {k.name: k for k in plan.group_keys}
     columns: dict[str, ColumnPrivacy] = {}
     for name, projection in zip(plan.output_names, plan.output.expressions):
-        used = [by_name[c.name] for c in projection.find_all(exp.Column) if c.name in by_name]
+        refs = [c.name for c in projection.find_all(exp.Column)]
+        used = [by_name[r] for r in refs if r in by_name]
         measurements = tuple(plan.measurement(n) for a in used for n in a.measurements)
         if not measurements:
-            mechanism = "public" if any(c.name in keys for c in projection.find_all(exp.Column)) else "none"
-            columns[name] = ColumnPrivacy(mechanism)
+            private = any(r in keys and not keys[r].is_public for r in refs)
+            public = any(r in keys for r in refs)
+            mechanism = "partition_selection" if private else "public" if public else "none"
+            described = (plan.selection.describe(),) if private and plan.selection else ()
+            columns[name] = ColumnPrivacy(mechanism, None, described)
             continue
         mechanisms = "+".join(sorted({m.mechanism for m in measurements}))
         bare = projection.unalias()
-        std = measurements[0].noise_std if len(used) == 1 and used[0].function != "avg" and bare.name in by_name else None
+        simple = len(used) == 1 and used[0].function in ("count", "count_distinct", "sum") and bare.name in by_name
+        std = measurements[0].noise_std if simple else None
         columns[name] = ColumnPrivacy(mechanisms, std, tuple(m.describe() for m in measurements))
     return PrivacyReport(plan.epsilon, plan.delta, columns, plan.notes)
 

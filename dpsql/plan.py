@@ -25,8 +25,10 @@ import sqlglot.expressions as exp
 
 from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace
 
-MeasurementKind = Literal["count_rows", "count_values", "count_units", "sum", "sum_centred"]
-AggregateFunction = Literal["count", "count_distinct", "sum", "avg"]
+MeasurementKind = Literal["count_rows", "count_values", "count_units", "sum", "sum_centred", "sum_squares"]
+AggregateFunction = Literal[
+    "count", "count_distinct", "sum", "avg", "var_pop", "var_samp", "stddev_pop", "stddev_samp"
+]
 
 #: The alias of the source table in bounded SQL; row predicates refer to it.
 SOURCE_ALIAS = "__t"
@@ -37,6 +39,7 @@ __all__ = [
     "GroupKey",
     "Measurement",
     "QueryPlan",
+    "Selection",
 ]
 
 
@@ -46,13 +49,26 @@ class GroupKey:
 
     Attributes:
         name: the key's column in the bounded query and in the noisy table (``__g0`` ...).
-        column: the policy column it groups by.
-        public_values: the values the policy lists; the output has exactly these groups.
+        column: the policy column it groups by, or ``None`` for an expression.
+        expression: the key over the source table's canonical columns.
+        public_values: the values the output has exactly, when they are known without
+            looking at the data (listed by the policy, or an expression of listed columns);
+            ``None`` for a private key, whose groups go through partition selection.
+        filters: (column, values) pairs restricting source rows to listed values, so that a
+            value the policy does not list can never appear.
+        family: the key's type family (string, number, boolean, date, timestamp).
     """
 
     name: str
-    column: str
-    public_values: tuple[object, ...]
+    column: str | None
+    expression: exp.Expression
+    public_values: tuple[object, ...] | None
+    filters: tuple[tuple[str, tuple[object, ...]], ...] = ()
+    family: str = "string"
+
+    @property
+    def is_public(self) -> bool:
+        return self.public_values is not None
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,42 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """DP partition selection for private group keys.
+
+    A group is released only when its number of distinct units (after contribution
+    bounding: a unit is in at most ``l0`` groups) plus discrete Laplace noise of scale
+    ``l0 / epsilon`` reaches ``threshold``. Existing groups' unit counts move by at most 1 in
+    at most ``l0`` groups (epsilon-DP); a group that exists only because of one unit has count
+    1 and appears with probability ``P(Z >= threshold - 1) = p**(threshold-1) / (1 + p)``,
+    ``p = exp(-1/scale)``, at most ``delta / l0`` each, so at most ``delta`` in all.
+
+    Attributes:
+        name: the unit-count column of the bounded query.
+        noise: the discrete Laplace noise added to unit counts.
+        threshold: the smallest noisy unit count released.
+        epsilon: the share of epsilon spent on selection.
+        delta: the share of delta spent on selection.
+    """
+
+    name: str
+    noise: DiscreteLaplace
+    threshold: int
+    epsilon: float
+    delta: float
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "measurement": "partition_selection",
+            "mechanism": "laplace_threshold",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "threshold": self.threshold,
+            "noise_scale": self.noise.scale,
+        }
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """One aggregate call of the analyst's query, computed from measurements.
 
@@ -178,6 +230,7 @@ class QueryPlan:
     epsilon: float
     delta: float
     mechanism: str
+    selection: Selection | None = None
     notes: tuple[str, ...] = field(default=())
 
     def measurement(self, name: str) -> Measurement:

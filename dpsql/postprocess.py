@@ -85,7 +85,11 @@ class Postprocessor:
 
 
 def _sample_row(plan: QueryPlan, schema: pa.Schema) -> pa.Table:
-    keys = {k.name: k.public_values[0] for k in plan.group_keys}
+    samples = {"string": "x", "number": 1.0, "boolean": True}
+    keys = {
+        k.name: k.public_values[0] if k.public_values else samples.get(k.family)
+        for k in plan.group_keys
+    }
     columns = [
         pa.array([keys[f.name]] if f.name in keys else [1], type=f.type) for f in schema
     ]

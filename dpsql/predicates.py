@@ -21,9 +21,12 @@ engine runs never contains an identifier as the analyst spelled it.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
+import threading
 from collections.abc import Callable
 
+import duckdb
 import sqlglot.expressions as exp
 
 from dpsql.errors import PolicyError
@@ -31,7 +34,7 @@ from dpsql.plan import SOURCE_ALIAS
 from dpsql.policy import ColumnPolicy
 from dpsql.sqlcheck import reject
 
-__all__ = ["check_public_values", "check_where", "family", "is_numeric"]
+__all__ = ["check_key", "check_public_values", "check_where", "enumerate_key", "family", "is_numeric"]
 
 Resolver = Callable[[exp.Column], tuple[ColumnPolicy, str]]
 
@@ -177,12 +180,48 @@ class _Checker:
             if fam not in ("string", "literal"):
                 raise reject(f"{node.key.upper()} takes a string.", self.sql, node)
             return node.__class__(this=inner), "number" if isinstance(node, exp.Length) else "string"
+        if isinstance(node, (exp.Floor, exp.Ceil)) and not node.args.get("decimals"):
+            return node.__class__(this=self.number(node.this)), "number"
+        if isinstance(node, exp.Case):
+            return self.case(node)
+        if isinstance(node, exp.TimestampTrunc):
+            return self.date_trunc(node)
         raise reject(
             f"{type(node).__name__.upper()} is not allowed in WHERE: only columns, literals, "
             "+ - * /, ABS, LOWER, UPPER and LENGTH are (nothing that can fail on some rows).",
             self.sql,
             node,
         )
+
+    def case(self, node: exp.Case) -> tuple[exp.Expression, str]:
+        if node.this is not None:
+            raise reject("write CASE WHEN condition THEN ... (not CASE value WHEN ...).", self.sql, node)
+        branches, families = [], set()
+        for branch in node.args.get("ifs") or []:
+            value, fam = self.value(branch.args["true"])
+            branches.append(exp.If(this=self.condition(branch.this), true=value))
+            families.add(fam)
+        default = node.args.get("default")
+        out = exp.Case(ifs=branches)
+        if default is not None:
+            value, fam = self.value(default)
+            out.set("default", value)
+            families.add(fam)
+        families = {"string" if f == "literal" else f for f in families} - {"null"}
+        if len(families) > 1:
+            raise reject("CASE branches must all be of one type.", self.sql, node)
+        return out, families.pop() if families else "null"
+
+    def date_trunc(self, node: exp.TimestampTrunc) -> tuple[exp.Expression, str]:
+        unit = node.args.get("unit")
+        parts = ("YEAR", "QUARTER", "MONTH", "WEEK", "DAY", "HOUR", "MINUTE", "SECOND")
+        if unit is None or unit.name.upper() not in parts:
+            raise reject(f"date_trunc takes one of {', '.join(p.lower() for p in parts)}.", self.sql, node)
+        inner, fam = self.value(node.this)
+        if fam not in ("date", "timestamp"):
+            raise reject("date_trunc takes a date or timestamp column.", self.sql, node)
+        call = exp.Anonymous(this="date_trunc", expressions=[exp.Literal.string(unit.name.lower()), inner])
+        return call, fam
 
     def number(self, node: exp.Expression) -> exp.Expression:
         """A numeric operand of arithmetic, computed in DOUBLE so it can never raise."""
@@ -206,6 +245,47 @@ class _Checker:
 def check_where(sql: str, condition: exp.Expression, resolve: Resolver) -> exp.Expression:
     """Check a WHERE condition and return it over canonical column references."""
     return _Checker(sql, resolve).condition(condition)
+
+
+def check_key(sql: str, node: exp.Expression, resolve: Resolver) -> tuple[exp.Expression, str]:
+    """Check a GROUP BY expression (the WHERE value grammar plus CASE, FLOOR, CEIL and
+    date_trunc) and return it over canonical columns, with its type family."""
+    value, fam = _Checker(sql, resolve).value(node)
+    return value, "string" if fam == "literal" else fam
+
+
+#: Expression keys over public columns are enumerated only up to this many input combinations.
+MAX_ENUMERATED = 100_000
+
+_scratch_lock = threading.Lock()
+_scratch: list[duckdb.DuckDBPyConnection] = []
+
+
+def enumerate_key(
+    sql: str, node: exp.Expression, expression: exp.Expression, inputs: dict[str, tuple[object, ...]]
+) -> tuple[object, ...] | None:
+    """The distinct values of a key expression over every combination of its inputs'
+    public values, computed on a data-free scratch DuckDB; ``None`` when there are too many."""
+    if math.prod(len(v) for v in inputs.values()) > MAX_ENUMERATED:
+        return None
+    names = list(inputs)
+    rows = list(itertools.product(*inputs.values()))
+    values = exp.Values(expressions=[exp.tuple_(*[exp.convert(v) for v in row]) for row in rows],
+                        alias=exp.TableAlias(this=exp.to_identifier(SOURCE_ALIAS, quoted=True),
+                                             columns=[exp.to_identifier(n, quoted=True) for n in names]))
+    query = exp.select(exp.alias_(expression.copy(), "k", quoted=True)).from_(values).distinct()
+    query = query.order_by(exp.column("k", quoted=True))
+    with _scratch_lock:
+        if not _scratch:
+            con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+            _scratch.append(con)
+        try:
+            result = _scratch[0].sql(query.sql(dialect="duckdb")).fetchall()
+        except duckdb.Error as e:
+            raise reject(f"this GROUP BY expression cannot be evaluated: {str(e).splitlines()[0]}", sql, node) from None
+    return tuple(r[0] for r in result)
 
 
 def check_public_values(table: str, column: ColumnPolicy, dtype: str) -> tuple[object, ...]:

@@ -24,10 +24,11 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from dpsql.calibrate import square_offset
 from dpsql.mechanisms import RandomSource
 from dpsql.plan import Aggregate, Measurement, QueryPlan
 
-__all__ = ["complete_groups", "noisy_schema", "noisy_table"]
+__all__ = ["complete_groups", "noisy_schema", "noisy_table", "select_partitions"]
 
 Z95 = 1.959963984540054
 _SATURATE = 2**62
@@ -35,7 +36,7 @@ _SATURATE = 2**62
 
 def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     """One row per public group (the cartesian product of the keys' public values)."""
-    if not plan.group_keys:
+    if not plan.group_keys or plan.selection is not None:
         return exact
     names = [k.name for k in plan.group_keys]
     grid = list(itertools.product(*(k.public_values for k in plan.group_keys)))
@@ -73,9 +74,18 @@ def _whole(released: np.ndarray, m: Measurement) -> np.ndarray:
     return (released + (1 << (-m.shift - 1))) >> -m.shift
 
 
+def select_partitions(plan: QueryPlan, exact: pa.Table, source: RandomSource | None = None) -> pa.Table:
+    """Only the groups whose noisy unit count reaches the threshold (private keys)."""
+    if plan.selection is None:
+        return exact
+    units = exact[plan.selection.name].to_numpy().astype(np.int64, copy=False)
+    noisy = units + plan.selection.noise.sample(len(units), source)
+    return exact.filter(pa.array(noisy >= plan.selection.threshold))
+
+
 def noisy_table(plan: QueryPlan, exact: pa.Table, source: RandomSource | None = None) -> pa.Table:
     """Group keys, the noisy aggregates ``__a*`` and their half-widths ``__hw__a*``."""
-    exact = complete_groups(plan, exact)
+    exact = select_partitions(plan, complete_groups(plan, exact), source)
     released = {m.name: _released(m, exact[m.name], source) for m in plan.measurements}
     columns: dict[str, pa.Array | pa.ChunkedArray] = {k.name: exact[k.name] for k in plan.group_keys}
     for agg in plan.aggregates:
@@ -94,8 +104,11 @@ def _aggregate(
         return _whole(released[first.name], first), np.full(n, count_half_width(first))
     if agg.function == "sum":
         return released[first.name] * first.lattice, np.full(n, first.half_width())
-    count = plan.measurement(agg.measurements[1])
-    return _average(agg, first, count, released[first.name], released[count.name])
+    if agg.function == "avg":
+        count = plan.measurement(agg.measurements[1])
+        return _average(agg, first, count, released[first.name], released[count.name])
+    total, count = (plan.measurement(name) for name in agg.measurements[1:])
+    return _spread(agg, first, total, count, released)
 
 
 def _average(
@@ -111,9 +124,52 @@ def _average(
     return values, np.minimum(Z95 * spread, hi - lo)
 
 
+def _spread(
+    agg: Aggregate, squares: Measurement, total: Measurement, count: Measurement, released: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """VAR/STDDEV from noisy centred sums: ``var = S2/N - (S1/N)^2`` clamped to ``[0, h^2]``.
+
+    ``S2 = sum (x - mid)^2`` is the noisy ``sum_squares`` plus ``N h^2/2`` (its centring).
+    The half-width is a first-order propagation of the three noise terms (documented as an
+    approximation, like AVG's), capped at ``h^2`` (``h`` for STDDEV).
+    """
+    assert agg.bounds is not None
+    h = (agg.bounds[1] - agg.bounds[0]) / 2
+    n = np.maximum(released[count.name] * count.lattice, 1.0)
+    s1 = released[total.name] * total.lattice
+    s2 = released[squares.name] * squares.lattice + n * square_offset(agg.bounds)
+    mean = s1 / n
+    var = np.clip(s2 / n - mean**2, 0.0, h * h)
+    sd_var = np.sqrt(
+        (squares.noise_std / n) ** 2
+        + (2 * mean * total.noise_std / n) ** 2
+        + ((2 * mean**2 - s2 / n) * count.noise_std / n) ** 2
+    )
+    if agg.function.endswith("_samp"):
+        scale = np.where(n > 1.5, n / np.maximum(n - 1, 1.0), 1.0)
+        var, sd_var = np.clip(var * scale, 0.0, h * h), sd_var * scale
+    if agg.function.startswith("stddev"):
+        sd = np.sqrt(var)
+        return sd, np.minimum(Z95 * sd_var / np.maximum(2 * sd, 1e-300), h)
+    return var, np.minimum(Z95 * sd_var, h * h)
+
+
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "number": pa.float64(),
+    "boolean": pa.bool_(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+}
+
+
 def noisy_schema(plan: QueryPlan) -> pa.Schema:
-    """The schema :func:`noisy_table` produces, known before any data is read."""
-    fields = [pa.field(k.name, pa.array(list(k.public_values)).type) for k in plan.group_keys]
+    """The schema :func:`noisy_table` produces, known before any data is read (a private
+    key's type is its type family's Arrow type, close enough to check the output query)."""
+    fields = [
+        pa.field(k.name, pa.array(list(k.public_values)).type if k.public_values else _ARROW_TYPES.get(k.family, pa.string()))
+        for k in plan.group_keys
+    ]
     for agg in plan.aggregates:
         kind = pa.int64() if agg.function in ("count", "count_distinct") else pa.float64()
         fields += [pa.field(agg.name, kind), pa.field(f"__hw{agg.name}", pa.float64())]

@@ -24,7 +24,7 @@ import secrets
 
 import sqlglot.expressions as exp
 
-from dpsql.calibrate import clip_range, midpoint
+from dpsql.calibrate import clip_range, midpoint, square_offset
 from dpsql.engine import Engine
 from dpsql.plan import SOURCE_ALIAS, Measurement, QueryPlan
 from dpsql.predicates import family
@@ -87,7 +87,7 @@ def _rows(plan: QueryPlan, engine: Engine, salt: int) -> exp.Select:
         keyed = _keyed_hash(salt, unit.copy(), engine.row_id(SOURCE_ALIAS))
         projections.append(exp.alias_(keyed, "__h", quoted=True))
     for key in plan.group_keys:
-        projections.append(exp.alias_(_col(key.column, SOURCE_ALIAS), key.name, quoted=True))
+        projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
     types = engine.schema()[plan.table.casefold()]
     for m in plan.measurements:
         value = _row_value(m, types)
@@ -96,8 +96,9 @@ def _rows(plan: QueryPlan, engine: Engine, salt: int) -> exp.Select:
     query = exp.select(*projections).from_(source)
     conditions = [plan.where.copy()] if plan.where is not None else []
     for key in plan.group_keys:
-        values = [exp.convert(v) for v in key.public_values]
-        conditions.append(exp.In(this=_col(key.column, SOURCE_ALIAS), expressions=values))
+        for column, values in key.filters:
+            listed = [exp.convert(v) for v in values]
+            conditions.append(exp.In(this=_col(column, SOURCE_ALIAS), expressions=listed))
     if conditions:
         query = query.where(exp.and_(*conditions), copy=False)
     return query
@@ -123,10 +124,16 @@ def _row_value(m: Measurement, types: dict[str, str] | object) -> exp.Expression
 
 
 def _fixed_point(x: exp.Expression, m: Measurement) -> exp.Expression:
-    """``CAST(ROUND(clip(x [- mid]) * 2^frac_bits) AS BIGINT)``; NULL/NaN never reach it."""
+    """``CAST(ROUND(clip(v) * 2^frac_bits) AS BIGINT)`` where ``v`` is ``x``, ``x - mid`` or
+    ``(x - mid)^2 - h^2/2`` (see :func:`~dpsql.calibrate.clip_range`); NULL and NaN never
+    reach it, and every intermediate is clipped, so +-inf cannot escape either."""
     assert m.bounds is not None
-    if m.kind == "sum_centred":
-        x = exp.Sub(this=x, expression=exp.Literal.number(repr(midpoint(m.bounds))))
+    if m.kind in ("sum_centred", "sum_squares"):
+        x = exp.Sub(this=x, expression=_float(midpoint(m.bounds)))
+    if m.kind == "sum_squares":
+        lo_c, hi_c = clip_range("sum_centred", m.bounds)
+        centred = _func("least", _func("greatest", x, _float(lo_c)), _float(hi_c))
+        x = exp.Sub(this=exp.Mul(this=centred, expression=centred.copy()), expression=_float(square_offset(m.bounds)))
     lo, hi = clip_range(m.kind, m.bounds)
     clipped = _func("least", _func("greatest", x, _float(lo)), _float(hi))
     scaled = exp.Mul(this=clipped, expression=_float(2.0**m.frac_bits))
@@ -185,5 +192,7 @@ def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
             total = exp.BitwiseRightShift(this=exp.cast(total, exp.DataType.build("HUGEINT")), expression=_int(m.shift))
         saturated = _func("least", _func("greatest", total, _int(-_LIMIT)), _int(_LIMIT))
         projections.append(exp.alias_(exp.cast(saturated, exp.DataType.build("BIGINT")), m.name, quoted=True))
+    if plan.selection is not None:  # distinct units per group: one row per kept (unit, group)
+        projections.append(exp.alias_(exp.Count(this=exp.Star()), plan.selection.name, quoted=True))
     query = exp.select(*projections).from_(source.subquery("__src"))
     return query.group_by(*keys) if keys else query
