@@ -16,7 +16,7 @@ noise, on noisy values. Everything else is refused before any data is read.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
@@ -26,13 +26,17 @@ from dpsql.calibrate import MeasurementSpec, calibrate, partition_selection, sel
 from dpsql.errors import PolicyViolation, QueryRejected
 from dpsql.plan import SOURCE_ALIAS, Aggregate, GroupKey, QueryPlan
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
+from dpsql.sources import Resolved, Scope, build_scope, resolve
 from dpsql.sqlcheck import DIALECT, parse_select, point_at, reject
 
 __all__ = ["analyze", "resolve_budget"]
 
 NOISY_TABLE = "__noisy"
 
-_ALLOWED_CLAUSES = {"expressions", "from", "from_", "where", "group", "having", "order", "limit", "offset"}
+_ALLOWED_CLAUSES = {
+    "expressions", "from", "from_", "where", "group", "having", "order", "limit", "offset", "with", "with_", "joins",
+}
+_OUTER_CLAUSES = ("expressions", "where", "group", "having", "order", "limit", "offset")
 
 #: Functions and operators allowed on noisy aggregates and public keys (evaluated after the
 #: noise, on a data-free scratch engine).
@@ -50,12 +54,19 @@ _OUTPUT_NODES: tuple[type[exp.Expression], ...] = (
 class _Context:
     sql: str
     policy: Policy
-    table: TablePolicy
-    alias: str
-    columns: Mapping[str, str]
+    scope: Scope
+    public_values: PublicValues | None = None
     keys: dict[str, GroupKey] = field(default_factory=dict)
     aggregates: dict[str, Aggregate] = field(default_factory=dict)
     specs: dict[tuple[str, str | None], MeasurementSpec] = field(default_factory=dict)
+
+    @property
+    def primary(self) -> TablePolicy:
+        return self.scope.primary.table
+
+
+#: Reads the distinct values of a public table's column (public data), or None if too many.
+PublicValues = Callable[[str, str], "tuple[object, ...] | None"]
 
 
 def resolve_budget(policy: Policy, epsilon: float | None, delta: float | None) -> tuple[float, float]:
@@ -89,6 +100,7 @@ def analyze(
     *,
     epsilon: float | None = None,
     delta: float | None = None,
+    public_values: PublicValues | None = None,
 ) -> QueryPlan:
     """Check ``sql`` against ``policy`` and plan everything its answer needs.
 
@@ -98,6 +110,8 @@ def analyze(
         schema: casefolded table -> casefolded column -> type, from the engine.
         epsilon: the query's epsilon (default: the policy's ``default_epsilon``).
         delta: the query's delta (default 0: Laplace noise, pure epsilon-DP).
+        public_values: reads a public table's distinct column values, for keys from
+            joined public tables (without it such keys go through partition selection).
 
     Raises:
         QueryRejected: the SQL cannot be answered privately as written.
@@ -106,10 +120,14 @@ def analyze(
     eps, dlt = resolve_budget(policy, epsilon, delta)
     select = parse_select(sql)
     _check_clauses(sql, select)
-    ctx = _resolve_table(sql, select, policy, schema)
+    scope, pending = build_scope(sql, select, policy, schema)
+    ctx = _Context(sql=sql, policy=policy, scope=scope, public_values=public_values)
     _plan_group_keys(ctx, select)
+    conditions = [predicates.check_where(sql, c, lambda col, s=inner: resolve(s, col)) for c, inner in pending]
     where = select.args.get("where")
-    condition = predicates.check_where(ctx.sql, where.this, _resolver(ctx)) if where else None
+    if where is not None:
+        conditions.append(predicates.check_where(sql, where.this, _resolver(ctx)))
+    condition = exp.and_(*conditions) if conditions else None
     output, names = _plan_output(ctx, select)
     if not ctx.aggregates:
         raise reject("the query has no aggregate; select at least one, e.g. COUNT(*).", sql)
@@ -128,15 +146,15 @@ def analyze(
         selection = partition_selection(eps_sel, dlt_sel, l0)
         agg_eps, agg_dlt = eps - eps_sel, dlt - dlt_sel
     measurements = calibrate(
-        list(ctx.specs.values()), epsilon=agg_eps, delta=agg_dlt, l0=l0, max_rows=ctx.table.max_rows_per_unit
+        list(ctx.specs.values()), epsilon=agg_eps, delta=agg_dlt, l0=l0, max_rows=scope.max_rows_per_unit
     )
     return QueryPlan(
         sql=sql,
-        table=ctx.table.name,
-        unit_column=ctx.table.privacy_unit,
+        table=ctx.primary.name,
+        unit_column=ctx.primary.privacy_unit,
         where=condition,
         group_keys=tuple(ctx.keys.values()),
-        max_rows_per_unit=ctx.table.max_rows_per_unit,
+        max_rows_per_unit=scope.max_rows_per_unit,
         max_groups_per_unit=l0,
         sample_groups=sample_groups,
         measurements=measurements,
@@ -147,6 +165,8 @@ def analyze(
         delta=dlt,
         mechanism="gaussian" if dlt > 0 else "laplace",
         selection=selection,
+        sources=tuple(scope.sources),
+        unit_is_row=ctx.primary.privacy_unit is None and scope.joined,
     )
 
 
@@ -164,9 +184,7 @@ def _check_clauses(sql: str, select: exp.Select) -> None:
             sql,
             value if isinstance(value, exp.Expression) else None,
         )
-    for node in select.walk():
-        if node is select:
-            continue
+    for node in _outer_nodes(select):
         if isinstance(node, (exp.Select, exp.Subquery, exp.Exists, exp.Union)):
             raise reject("subqueries are not supported; write one flat SELECT.", sql, node)
         if isinstance(node, exp.Window):
@@ -179,66 +197,23 @@ def _check_clauses(sql: str, select: exp.Select) -> None:
         raise reject("the query has no FROM clause; name one policy table.", sql)
 
 
-def _resolve_table(
-    sql: str, select: exp.Select, policy: Policy, schema: Mapping[str, Mapping[str, str]]
-) -> _Context:
-    from_ = select.args.get("from_") or select.args.get("from")
-    source = from_.this
-    if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
-        raise reject(
-            "FROM must name one policy table; table functions, file paths and subqueries are not allowed.",
-            sql,
-            source,
-        )
-    if source.args.get("db") or source.args.get("catalog"):
-        raise reject("refer to the table by its name alone, without a schema or database.", sql, source)
-    name = source.this.this
-    table = policy.table(name)
-    if table is None or name.casefold() not in schema:
-        raise PolicyViolation(
-            f"table {name!r} is not in the policy, so it may not be read. Tables you may "
-            f"query: {', '.join(sorted(t.name for t in policy.tables.values() if not t.public))}.\n"
-            f"{point_at(sql, source)}"
-        )
-    if table.public:
-        raise reject(
-            f"table {name!r} is public: dpsql answers queries over private tables; read public "
-            "tables directly.",
-            sql,
-            source,
-        )
-    alias = source.alias_or_name
-    return _Context(sql=sql, policy=policy, table=table, alias=alias, columns=schema[name.casefold()])
+def _outer_nodes(select: exp.Select):  # type: ignore[no-untyped-def]
+    """Every node of the outer query's own clauses (FROM, JOIN and WITH are checked in
+    :mod:`dpsql.sources`)."""
+    for key in _OUTER_CLAUSES:
+        value = select.args.get(key)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, exp.Expression):
+                yield from item.walk()
 
 
 def _resolver(ctx: _Context):  # type: ignore[no-untyped-def]
-    def resolve(column: exp.Column) -> tuple[ColumnPolicy, str]:
-        return _column(ctx, column)
-
-    return resolve
+    return lambda column: resolve(ctx.scope, column)
 
 
-def _column(ctx: _Context, column: exp.Column) -> tuple[ColumnPolicy, str]:
-    """The policy entry and schema type of a column reference, or raise."""
-    qualifier = column.table
-    if qualifier and qualifier.casefold() not in {ctx.alias.casefold(), ctx.table.name.casefold()}:
-        raise reject(f"unknown table qualifier {qualifier!r}; use {ctx.alias!r}.", ctx.sql, column)
-    if column.args.get("db") or column.args.get("catalog"):
-        raise reject("qualify columns with the table name or alias only.", ctx.sql, column)
-    name = column.name
-    policy = ctx.table.column(name)
-    dtype = ctx.columns.get(name.casefold())
-    if policy is None or dtype is None:
-        raise PolicyViolation(
-            f"column {name!r} of table {ctx.table.name!r} is not in the policy, so it is denied "
-            f"(policies fail closed). Ask the data owner to list it.\n{point_at(ctx.sql, column)}"
-        )
-    if policy.access == "deny":
-        raise PolicyViolation(
-            f"column {name!r} of table {ctx.table.name!r} is denied by the policy and may not "
-            f"appear anywhere in a query.\n{point_at(ctx.sql, column)}"
-        )
-    return policy, dtype
+def _column(ctx: _Context, column: exp.Column) -> Resolved:
+    """The checked policy entry, type and canonical reference of a column."""
+    return resolve(ctx.scope, column)
 
 
 # -- group keys ------------------------------------------------------------------------
@@ -273,34 +248,45 @@ def _select_alias(projections: list[exp.Expression], name: str) -> exp.Expressio
     return None
 
 
-def _groupable(ctx: _Context, column: exp.Column) -> tuple[ColumnPolicy, str]:
-    policy, dtype = _column(ctx, column)
-    if ctx.table.privacy_unit and policy.name.casefold() == ctx.table.privacy_unit.casefold():
+def _groupable(ctx: _Context, column: exp.Column) -> Resolved:
+    resolved = _column(ctx, column)
+    if resolved.is_unit:
         raise PolicyViolation(
             f"the privacy unit column {column.name!r} may not be grouped by: that would release "
             f"one row per person.\n{point_at(ctx.sql, column)}"
         )
-    if not policy.can_group:
+    if not resolved.policy.can_group:
         raise PolicyViolation(
-            f"column {column.name!r} is {policy.access}-only in the policy and may not be a "
+            f"column {column.name!r} is {resolved.policy.access}-only in the policy and may not be a "
             f"GROUP BY key; use it in WHERE only.\n{point_at(ctx.sql, column)}"
         )
-    return policy, dtype
+    return resolved
+
+
+def _key_identity(resolved: Resolved) -> str:
+    return f"{resolved.entry.canonical}.{resolved.policy.name.casefold()}"
+
+
+def _listed_values(ctx: _Context, resolved: Resolved) -> tuple[object, ...] | None:
+    """Values known without looking at private data: listed by the policy, or read from a
+    public table."""
+    if resolved.policy.is_public_key:
+        return predicates.check_public_values(resolved.entry.table.name, resolved.policy, resolved.dtype)
+    if resolved.entry.table.public and ctx.public_values is not None:
+        return ctx.public_values(resolved.entry.table.name, resolved.policy.name)
+    return None
 
 
 def _add_column_key(ctx: _Context, column: exp.Column) -> None:
-    policy, dtype = _groupable(ctx, column)
-    identity = policy.name.casefold()
+    resolved = _groupable(ctx, column)
+    identity = _key_identity(resolved)
     if identity in ctx.keys:
         return
-    canonical = exp.column(policy.name, table=SOURCE_ALIAS, quoted=True)
-    name = f"__g{len(ctx.keys)}"
-    if policy.is_public_key:
-        values = predicates.check_public_values(ctx.table.name, policy, dtype)
-        key = GroupKey(name, policy.name, canonical, values, ((policy.name, values),), predicates.family(dtype))
-    else:
-        key = GroupKey(name, policy.name, canonical, None, (), predicates.family(dtype))
-    ctx.keys[identity] = key
+    values = _listed_values(ctx, resolved)
+    policy_listed = resolved.policy.is_public_key
+    filters = ((resolved.ref.copy(), values),) if values is not None and policy_listed else ()
+    family = predicates.family(resolved.dtype)
+    ctx.keys[identity] = GroupKey(f"__g{len(ctx.keys)}", resolved.policy.name, resolved.ref.copy(), values, filters, family)
 
 
 def _add_expression_key(ctx: _Context, node: exp.Expression) -> None:
@@ -308,16 +294,21 @@ def _add_expression_key(ctx: _Context, node: exp.Expression) -> None:
     if identity in ctx.keys:
         return
     canonical, family = predicates.check_key(ctx.sql, node, _resolver(ctx))
-    inputs: dict[str, tuple[object, ...]] = {}
+    inputs: dict[str, tuple[exp.Column, tuple[object, ...]]] = {}
+    listed: list[tuple[exp.Expression, tuple[object, ...]]] = []
     private = False
     for column in node.find_all(exp.Column):
-        policy, dtype = _groupable(ctx, column)
-        if policy.is_public_key:
-            inputs[policy.name] = predicates.check_public_values(ctx.table.name, policy, dtype)
-        else:
+        resolved = _groupable(ctx, column)
+        values = _listed_values(ctx, resolved)
+        if values is None:
             private = True
-    values = None if private or not inputs else predicates.enumerate_key(ctx.sql, node, canonical, inputs)
-    filters = tuple(inputs.items()) if values is not None else ()
+            continue
+        inputs[resolved.ref.sql()] = (resolved.ref, values)
+        if resolved.policy.is_public_key:
+            listed.append((resolved.ref.copy(), values))
+    enumerable = not private and inputs
+    values = predicates.enumerate_key(ctx.sql, node, canonical, list(inputs.values())) if enumerable else None
+    filters = tuple(listed) if values is not None else ()
     ctx.keys[identity] = GroupKey(f"__g{len(ctx.keys)}", None, canonical, values, filters, family)
 
 
@@ -329,9 +320,9 @@ def _shape(node: exp.Expression) -> str:
 
 def _effective_l0(ctx: _Context) -> tuple[int, bool]:
     """The L0 bound used for sensitivity, and whether the rewrite must enforce it."""
-    if ctx.table.privacy_unit is None:
+    if ctx.primary.privacy_unit is None and not ctx.scope.joined:
         return 1, False
-    cap = ctx.table.max_groups_per_unit
+    cap = ctx.scope.max_groups_per_unit
     if any(not k.is_public for k in ctx.keys.values()):
         return cap, True
     groups = math.prod(len(k.public_values or ()) for k in ctx.keys.values())
@@ -399,10 +390,9 @@ def _output_expression(ctx: _Context, node: exp.Expression, aliases: list[str] |
         if isinstance(n, exp.AggFunc) or _is_aggregate_like(n):
             return exp.column(_add_aggregate(ctx, n), quoted=True)
         if isinstance(n, exp.Column):
-            if not n.table and n.name.casefold() in alias_set and ctx.table.column(n.name) is None:
+            if not n.table and n.name.casefold() in alias_set and not _is_table_column(ctx, n):
                 return exp.column(alias_set[n.name.casefold()], quoted=True)
-            policy, _ = _column(ctx, n)
-            key = ctx.keys.get(policy.name.casefold())
+            key = ctx.keys.get(_key_identity(_column(ctx, n)))
             if key is None:
                 raise reject(
                     f"column {n.name!r} would be released raw; wrap it in an aggregate or add it "
@@ -422,6 +412,14 @@ def _output_expression(ctx: _Context, node: exp.Expression, aliases: list[str] |
                 _find_original(node, n),
             )
     return result
+
+
+def _is_table_column(ctx: _Context, column: exp.Column) -> bool:
+    try:
+        _column(ctx, column)
+    except (QueryRejected, PolicyViolation):
+        return False
+    return True
 
 
 def _find_original(node: exp.Expression, replaced: exp.Expression) -> exp.Expression | None:
@@ -449,25 +447,25 @@ _AGG_NAMES = {"count", "sum", "avg", "mean", "median", "quantile", "quantile_con
 
 def _add_aggregate(ctx: _Context, node: exp.Expression) -> str:
     function, column = _aggregate_call(ctx, node)
-    key = f"{function}:{column.name.casefold() if column is not None else '*'}"
+    resolved = _column(ctx, column) if column is not None else None
+    key = f"{function}:{_key_identity(resolved) if resolved is not None else '*'}"
     if key in ctx.aggregates:
         return ctx.aggregates[key].name
     bounds = None
     if function == "count":
-        if column is not None:
-            _column(ctx, column)
-        kinds = [("count_rows", None)] if column is None else [("count_values", column)]
+        kinds = [("count_rows", None)] if resolved is None else [("count_values", resolved)]
     elif function == "count_distinct":
         kinds = [("count_units", None)]
     else:
-        policy = _aggregatable(ctx, column, node)
-        bounds = policy.bounds
+        assert resolved is not None
+        _check_aggregatable(ctx, resolved, node)
+        bounds = resolved.policy.bounds
         if function == "sum":
-            kinds = [("sum", column)]
+            kinds = [("sum", resolved)]
         elif function == "avg":
-            kinds = [("sum_centred", column), ("count_values", column)]
+            kinds = [("sum_centred", resolved), ("count_values", resolved)]
         else:
-            kinds = [("sum_squares", column), ("sum_centred", column), ("count_values", column)]
+            kinds = [("sum_squares", resolved), ("sum_centred", resolved), ("count_values", resolved)]
     names = tuple(_add_spec(ctx, kind, col, bounds) for kind, col in kinds)
     agg = Aggregate(
         name=f"__a{len(ctx.aggregates)}",
@@ -480,30 +478,29 @@ def _add_aggregate(ctx: _Context, node: exp.Expression) -> str:
     return agg.name
 
 
-def _add_spec(ctx: _Context, kind: str, column: exp.Column | None, bounds: tuple[float, float] | None) -> str:
-    name = ctx.table.column(column.name).name if column is not None else None  # type: ignore[union-attr]
-    key = (kind, name.casefold() if name else None)
+def _add_spec(ctx: _Context, kind: str, column: Resolved | None, bounds: tuple[float, float] | None) -> str:
+    key = (kind, _key_identity(column) if column is not None else None)
     if key not in ctx.specs:
         spec_bounds = bounds if kind in ("sum", "sum_centred", "sum_squares") else None
-        ctx.specs[key] = MeasurementSpec(f"__m{len(ctx.specs)}", kind, name, spec_bounds)  # type: ignore[arg-type]
+        name = column.policy.name if column is not None else None
+        source = column.entry.canonical if column is not None else SOURCE_ALIAS
+        ctx.specs[key] = MeasurementSpec(f"__m{len(ctx.specs)}", kind, name, spec_bounds, source)  # type: ignore[arg-type]
     return ctx.specs[key].name
 
 
-def _aggregatable(ctx: _Context, column: exp.Column | None, node: exp.Expression) -> ColumnPolicy:
-    assert column is not None
-    policy, dtype = _column(ctx, column)
-    if ctx.table.privacy_unit and policy.name.casefold() == ctx.table.privacy_unit.casefold():
+def _check_aggregatable(ctx: _Context, resolved: Resolved, node: exp.Expression) -> None:
+    column = resolved.ref
+    if resolved.is_unit:
         raise PolicyViolation(
-            f"the privacy unit column {column.name!r} may not be summed or averaged.\n{point_at(ctx.sql, column)}"
+            f"the privacy unit column {column.name!r} may not be summed or averaged.\n{point_at(ctx.sql, node)}"
         )
-    if not policy.can_aggregate:
+    if not resolved.policy.can_aggregate:
         raise PolicyViolation(
             f"column {column.name!r} has no bounds in the policy, so it may not be summed or "
             f"averaged. Ask the data owner for bounds.\n{point_at(ctx.sql, node)}"
         )
-    if not predicates.is_numeric(dtype):
-        raise reject(f"column {column.name!r} is {dtype}, not numeric.", ctx.sql, column)
-    return policy
+    if not predicates.is_numeric(resolved.dtype):
+        raise reject(f"column {column.name!r} is {resolved.dtype}, not numeric.", ctx.sql, node)
 
 
 def _aggregate_call(ctx: _Context, node: exp.Expression) -> tuple[str, exp.Column | None]:
@@ -514,10 +511,9 @@ def _aggregate_call(ctx: _Context, node: exp.Expression) -> tuple[str, exp.Colum
             return "count", None
         if isinstance(arg, exp.Distinct):
             cols = arg.expressions
-            unit = ctx.table.privacy_unit
-            if len(cols) == 1 and isinstance(cols[0], exp.Column) and unit and cols[0].name.casefold() == unit.casefold():
-                _column(ctx, cols[0])
-                return "count_distinct", cols[0]
+            if len(cols) == 1 and isinstance(cols[0], exp.Column) and _column(ctx, cols[0]).is_unit:
+                return "count_distinct", None
+            unit = ctx.primary.privacy_unit
             raise reject(
                 "COUNT(DISTINCT ...) is supported only on the privacy unit column"
                 + (f" ({unit})." if unit else "; this table has no privacy unit."),

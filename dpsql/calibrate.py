@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dpsql.errors import InternalError
 from dpsql.mechanisms import gaussian_noise, gdp_mu, laplace_noise
-from dpsql.plan import Measurement, MeasurementKind, Selection
+from dpsql.plan import SOURCE_ALIAS, Measurement, MeasurementKind, Selection
 
 __all__ = ["MeasurementSpec", "calibrate", "fixed_point", "partition_selection", "selection_share"]
 
@@ -46,6 +46,7 @@ class MeasurementSpec:
     kind: MeasurementKind
     column: str | None = None
     bounds: tuple[float, float] | None = None
+    source: str = SOURCE_ALIAS
 
 
 def clip_range(kind: str, bounds: tuple[float, float] | None) -> tuple[float, float]:
@@ -185,4 +186,5 @@ def _measure(
         noise=noise,
         epsilon=epsilon,
         mu=mu,
+        source=spec.source,
     )

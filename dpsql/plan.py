@@ -40,7 +40,25 @@ __all__ = [
     "Measurement",
     "QueryPlan",
     "Selection",
+    "Source",
 ]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One table the bounded query reads.
+
+    Attributes:
+        alias: its canonical alias (``__t`` for the primary private table, ``__t1`` ...).
+        table: the policy table.
+        join: "from" for the primary table, else "inner" or "left".
+        on: the join condition over canonical column references.
+    """
+
+    alias: str
+    table: str
+    join: str = "from"
+    on: exp.Expression | None = None
 
 
 @dataclass(frozen=True)
@@ -54,8 +72,8 @@ class GroupKey:
         public_values: the values the output has exactly, when they are known without
             looking at the data (listed by the policy, or an expression of listed columns);
             ``None`` for a private key, whose groups go through partition selection.
-        filters: (column, values) pairs restricting source rows to listed values, so that a
-            value the policy does not list can never appear.
+        filters: (column reference, values) pairs restricting source rows to the values the
+            policy lists, so that a value it does not list can never appear.
         family: the key's type family (string, number, boolean, date, timestamp).
     """
 
@@ -63,7 +81,7 @@ class GroupKey:
     column: str | None
     expression: exp.Expression
     public_values: tuple[object, ...] | None
-    filters: tuple[tuple[str, tuple[object, ...]], ...] = ()
+    filters: tuple[tuple[exp.Expression, tuple[object, ...]], ...] = ()
     family: str = "string"
 
     @property
@@ -88,6 +106,7 @@ class Measurement:
         noise: the calibrated noise, in release-lattice units.
         epsilon: this measurement's share of epsilon (Laplace), for reporting.
         mu: this measurement's Gaussian-DP mu (Gaussian), for reporting.
+        source: the canonical alias of the table ``column`` belongs to.
     """
 
     name: str
@@ -102,6 +121,7 @@ class Measurement:
     noise: DiscreteLaplace | DiscreteGaussian
     epsilon: float = 0.0
     mu: float = 0.0
+    source: str = SOURCE_ALIAS
 
     @property
     def lattice(self) -> float:
@@ -213,6 +233,10 @@ class QueryPlan:
         epsilon: epsilon charged for the query.
         delta: delta charged for the query.
         mechanism: "laplace" or "gaussian".
+        selection: partition selection, when a key is private.
+        sources: the tables read, the primary one first, with their joins.
+        unit_is_row: the primary table has no privacy unit but is joined: each of its rows
+            is a unit (identified by its row id) and is bounded like one.
     """
 
     sql: str
@@ -231,6 +255,8 @@ class QueryPlan:
     delta: float
     mechanism: str
     selection: Selection | None = None
+    sources: tuple[Source, ...] = ()
+    unit_is_row: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def measurement(self, name: str) -> Measurement:

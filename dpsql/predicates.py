@@ -25,6 +25,7 @@ import itertools
 import math
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import duckdb
 import sqlglot.expressions as exp
@@ -36,7 +37,13 @@ from dpsql.sqlcheck import reject
 
 __all__ = ["check_key", "check_public_values", "check_where", "enumerate_key", "family", "is_numeric"]
 
-Resolver = Callable[[exp.Column], tuple[ColumnPolicy, str]]
+class _Resolved(Protocol):
+    policy: ColumnPolicy
+    dtype: str
+    ref: exp.Column
+
+
+Resolver = Callable[[exp.Column], _Resolved]
 
 _NUMERIC_PREFIXES = (
     "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
@@ -153,11 +160,13 @@ class _Checker:
     # values -------------------------------------------------------------------------
     def value(self, node: exp.Expression, allow_other: bool = False) -> tuple[exp.Expression, str]:
         if isinstance(node, exp.Column):
-            policy, dtype = self.resolve(node)
-            fam = family(dtype)
+            resolved = self.resolve(node)
+            fam = family(resolved.dtype)
             if fam == "other" and not allow_other:
-                raise reject(f"column {node.name!r} of type {dtype} can only be tested with IS NULL.", self.sql, node)
-            return exp.column(policy.name, table=SOURCE_ALIAS, quoted=True), fam
+                raise reject(
+                    f"column {node.name!r} of type {resolved.dtype} can only be tested with IS NULL.", self.sql, node
+                )
+            return resolved.ref.copy(), fam
         if isinstance(node, exp.Literal):
             if node.is_string:
                 return node.copy(), "literal"
@@ -184,11 +193,19 @@ class _Checker:
             return node.__class__(this=self.number(node.this)), "number"
         if isinstance(node, exp.Case):
             return self.case(node)
+        if isinstance(node, exp.DPipe):
+            parts = [self.value(node.this), self.value(node.expression)]
+            if any(fam not in ("string", "literal", "null") for _, fam in parts):
+                raise reject("|| joins strings; compare or group by strings only.", self.sql, node)
+            return exp.DPipe(this=parts[0][0], expression=parts[1][0]), "string"
+        if isinstance(node, (*_COMPARISONS, exp.And, exp.Or, exp.Not, exp.In, exp.Between, exp.Is, exp.Like, exp.ILike)):
+            return self.condition(node), "boolean"
         if isinstance(node, exp.TimestampTrunc):
             return self.date_trunc(node)
         raise reject(
-            f"{type(node).__name__.upper()} is not allowed in WHERE: only columns, literals, "
-            "+ - * /, ABS, LOWER, UPPER and LENGTH are (nothing that can fail on some rows).",
+            f"{type(node).__name__.upper()} is not allowed in WHERE or GROUP BY: only columns, "
+            "literals, + - * /, ||, ABS, LOWER, UPPER, LENGTH, FLOOR, CEIL, CASE, date_trunc and "
+            "comparisons are (nothing that can fail on some rows).",
             self.sql,
             node,
         )
@@ -262,18 +279,24 @@ _scratch: list[duckdb.DuckDBPyConnection] = []
 
 
 def enumerate_key(
-    sql: str, node: exp.Expression, expression: exp.Expression, inputs: dict[str, tuple[object, ...]]
+    sql: str, node: exp.Expression, expression: exp.Expression, inputs: list[tuple[exp.Column, tuple[object, ...]]]
 ) -> tuple[object, ...] | None:
     """The distinct values of a key expression over every combination of its inputs'
     public values, computed on a data-free scratch DuckDB; ``None`` when there are too many."""
-    if math.prod(len(v) for v in inputs.values()) > MAX_ENUMERATED:
+    if math.prod(len(v) for _, v in inputs) > MAX_ENUMERATED:
         return None
-    names = list(inputs)
-    rows = list(itertools.product(*inputs.values()))
-    values = exp.Values(expressions=[exp.tuple_(*[exp.convert(v) for v in row]) for row in rows],
-                        alias=exp.TableAlias(this=exp.to_identifier(SOURCE_ALIAS, quoted=True),
-                                             columns=[exp.to_identifier(n, quoted=True) for n in names]))
-    query = exp.select(exp.alias_(expression.copy(), "k", quoted=True)).from_(values).distinct()
+    names = {ref.sql(): f"__c{i}" for i, (ref, _) in enumerate(inputs)}
+    local = expression.copy().transform(
+        lambda n: exp.column(names[n.sql()], quoted=True) if isinstance(n, exp.Column) and n.sql() in names else n
+    )
+    rows = list(itertools.product(*(values for _, values in inputs)))
+    values = exp.Values(
+        expressions=[exp.tuple_(*[exp.convert(v) for v in row]) for row in rows],
+        alias=exp.TableAlias(
+            this=exp.to_identifier("__grid"), columns=[exp.to_identifier(n, quoted=True) for n in names.values()]
+        ),
+    )
+    query = exp.select(exp.alias_(local, "k", quoted=True)).from_(values).distinct()
     query = query.order_by(exp.column("k", quoted=True))
     with _scratch_lock:
         if not _scratch:

@@ -11,13 +11,27 @@ Three small steps:
 
 Each aggregate comes with the 95% half-width of its error (noise only: clipping and
 contribution bounds are biases the analyst chose through the policy, not noise). For COUNT
-and SUM it is exact for the discrete noise. For AVG it is a first-order propagation of the
-two noise terms, evaluated at the noisy values (post-processing, so free):
-``1.96 * sqrt(sd_S^2 + (S/N)^2 sd_N^2) / N``, capped at ``upper - lower``.
+and SUM it is the exact quantile of the discrete noise. For AVG (see
+:func:`average_half_width`) it is a first-order propagation of the two noise terms,
+evaluated at the noisy values (post-processing, so free): the error of
+``mid + S'/N'`` is about ``(e_S - m e_N) / N`` (``m`` the centred mean), whose 95% quantile
+is ``1.96 sqrt(sd_S^2 + m^2 sd_N^2)`` for Gaussian noise and the exact quantile of the
+difference of two Laplace variables for Laplace noise (1.96 standard deviations would cover
+only 93.8% of a Laplace). Two corrections keep small counts honest: the denominator is the
+noisy count less half its noise standard deviation (a noisy count that came out high would
+otherwise shrink the interval just when the ratio is least linear), and the half-width is
+capped at ``upper - lower``, which always covers (released value and truth both lie in the
+bounds). Simulated coverage (continuous noise, 40,000 draws per point, ``N / sd_N`` from 0.5
+to 1000, true mean anywhere in the bounds): 94.8% to 100% for Laplace and Gaussian noise;
+95% +- 0.2 once ``N >= 30 sd_N`` with the mean inside the bounds; up to 97.5% when the true
+mean sits on a bound (clamping then removes half the errors). Without the correction it
+fell to 92.8% (Gaussian, ``N = 2 sd_N``, mean on a bound); with 1.96 sd for Laplace to
+93.8% at any ``N``.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -117,11 +131,82 @@ def _average(
     assert agg.bounds is not None
     lo, hi = (float(b) for b in agg.bounds)
     centred_sum = s * total.lattice
-    n = np.maximum(c * count.lattice, 1.0)
-    mean = centred_sum / n
+    noisy_count = c * count.lattice
+    mean = centred_sum / np.maximum(noisy_count, 1.0)
     values = np.clip(lo / 2 + hi / 2 + mean, lo, hi)
-    spread = np.sqrt(total.noise_std**2 + mean**2 * count.noise_std**2) / n
-    return values, np.minimum(Z95 * spread, hi - lo)
+    return values, average_half_width(total, count, mean, noisy_count, (lo, hi))
+
+
+def average_half_width(
+    total: Measurement,
+    count: Measurement,
+    centred_mean: np.ndarray,
+    count_value: np.ndarray,
+    bounds: tuple[float, float],
+) -> np.ndarray:
+    """95% half-width of ``AVG = mid + S / N`` (see the module docstring).
+
+    Args:
+        total: the centred SUM's measurement (``sum_centred``).
+        count: the COUNT's measurement.
+        centred_mean: the mean less the midpoint of the bounds (noisy, or assumed).
+        count_value: the count (noisy, or assumed).
+        bounds: the column's clipping bounds.
+
+    >>> from dpsql.calibrate import MeasurementSpec, calibrate
+    >>> specs = [MeasurementSpec("s", "sum_centred", "x", (0.0, 100.0)), MeasurementSpec("n", "count_values", "x")]
+    >>> s, n = calibrate(specs, epsilon=1.0, delta=0.0, l0=1, max_rows=1)
+    >>> [round(float(h), 2) for h in average_half_width(s, n, np.array([0.0, 0.0, 50.0]), np.array([1000.0, 1.0, 1000.0]), (0.0, 100.0))]
+    [0.3, 100.0, 0.41]
+    """
+    lo, hi = bounds
+    m = np.abs(np.clip(np.asarray(centred_mean, dtype=np.float64), (lo - hi) / 2, (hi - lo) / 2))
+    names = {total.mechanism, count.mechanism}
+    if names == {"gaussian"}:
+        q = Z95 * np.sqrt(total.noise_std**2 + m**2 * count.noise_std**2)
+    elif names == {"laplace"}:
+        q = _laplace_difference_quantile(_laplace_scale(total), m * _laplace_scale(count))
+    else:  # mixed noise: each term at 97.5%, together >= 95% by the union bound
+        q = total.half_width(0.975) + m * count.half_width(0.975)
+    denominator = np.asarray(count_value, dtype=np.float64) - count.noise_std / 2
+    positive = denominator > 0
+    half_width = np.where(positive, q / np.where(positive, denominator, 1.0), np.inf)
+    return np.minimum(half_width, hi - lo)
+
+
+def _laplace_scale(m: Measurement) -> float:
+    """The scale b of the continuous Laplace whose tails bound the discrete noise's,
+    in column units: P(|Z| > k) = 2 p^(k+1) / (1 + p) <= exp(-k / scale)."""
+    return float(m.noise.scale) * m.lattice  # type: ignore[union-attr]
+
+
+def _laplace_difference_quantile(b1: float, b2: np.ndarray) -> np.ndarray:
+    """The 95% quantile of ``|X1 - X2|``, ``X1 ~ Laplace(b1)``, ``X2 ~ Laplace(b2)``.
+
+    ``P(|X1 - X2| > z) = (b1^2 e^(-z/b1) - b2^2 e^(-z/b2)) / (b1^2 - b2^2)``; it is
+    ``max(b1, b2) g(r)`` with ``r = min / max``, and ``g`` is tabulated on ``[0, 1]``.
+    """
+    b2 = np.asarray(b2, dtype=np.float64)
+    big = np.maximum(b1, b2)
+    ratio = np.minimum(b1, b2) / np.where(big > 0, big, 1.0)
+    grid, g = _laplace_difference_table()
+    return big * np.interp(ratio, grid, g)
+
+
+@functools.cache
+def _laplace_difference_table(points: int = 2049, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """``g(r)``: the ``confidence`` quantile of ``|X1 - X2|`` for scales 1 and r, by bisection."""
+    r = np.linspace(0.0, 1.0, points)
+    low, high = np.zeros(points), np.full(points, 60.0)
+    for _ in range(100):
+        z = (low + high) / 2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            unequal = (np.exp(-z) - r**2 * np.exp(-z / r)) / (1 - r**2)
+        equal = np.exp(-z) * (1 + z / 2)
+        tail = np.where(r > 1 - 1e-4, equal, np.where(r == 0, np.exp(-z), unequal))
+        beyond = tail > 1 - confidence
+        low, high = np.where(beyond, z, low), np.where(beyond, high, z)
+    return r, high
 
 
 def _spread(

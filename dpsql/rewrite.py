@@ -26,7 +26,7 @@ import sqlglot.expressions as exp
 
 from dpsql.calibrate import clip_range, midpoint, square_offset
 from dpsql.engine import Engine
-from dpsql.plan import SOURCE_ALIAS, Measurement, QueryPlan
+from dpsql.plan import Measurement, QueryPlan, Source
 from dpsql.predicates import family
 
 __all__ = ["bounded_query", "new_salt"]
@@ -69,7 +69,7 @@ def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> e
     """The SQL whose result is one row per group with every measurement's exact bounded sum."""
     salt = new_salt() if salt is None else salt
     rows = _rows(plan, engine, salt)
-    if plan.unit_column is None:
+    if plan.unit_column is None and not plan.unit_is_row:
         return _final(plan, rows, per_row=True)
     pairs = _pairs(plan, rows)
     if plan.sample_groups:
@@ -78,30 +78,42 @@ def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> e
 
 
 def _rows(plan: QueryPlan, engine: Engine, salt: int) -> exp.Select:
-    source = engine.table(plan.table)
-    source.set("alias", exp.TableAlias(this=exp.to_identifier(SOURCE_ALIAS, quoted=True)))
-    projections: list[exp.Expression] = []
-    if plan.unit_column is not None:
-        unit = _col(plan.unit_column, SOURCE_ALIAS)
-        projections.append(exp.alias_(unit.copy(), "__u", quoted=True))
-        keyed = _keyed_hash(salt, unit.copy(), engine.row_id(SOURCE_ALIAS))
-        projections.append(exp.alias_(keyed, "__h", quoted=True))
-    for key in plan.group_keys:
-        projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
-    types = engine.schema()[plan.table.casefold()]
-    for m in plan.measurements:
-        value = _row_value(m, types)
-        if value is not None:
-            projections.append(exp.alias_(value, f"{m.name}_v", quoted=True))
-    query = exp.select(*projections).from_(source)
+    query = exp.select(*_row_projections(plan, engine, salt)).from_(_aliased(engine, plan.sources[0]))
+    for source in plan.sources[1:]:
+        side = "LEFT" if source.join == "left" else None
+        query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
     conditions = [plan.where.copy()] if plan.where is not None else []
     for key in plan.group_keys:
         for column, values in key.filters:
-            listed = [exp.convert(v) for v in values]
-            conditions.append(exp.In(this=_col(column, SOURCE_ALIAS), expressions=listed))
+            conditions.append(exp.In(this=column.copy(), expressions=[exp.convert(v) for v in values]))
     if conditions:
         query = query.where(exp.and_(*conditions), copy=False)
     return query
+
+
+def _aliased(engine: Engine, source: Source) -> exp.Table:
+    table = engine.table(source.table)
+    table.set("alias", exp.TableAlias(this=exp.to_identifier(source.alias, quoted=True)))
+    return table
+
+
+def _row_projections(plan: QueryPlan, engine: Engine, salt: int) -> list[exp.Expression]:
+    projections: list[exp.Expression] = []
+    if plan.unit_column is not None or plan.unit_is_row:
+        primary = plan.sources[0].alias
+        unit = _col(plan.unit_column, primary) if plan.unit_column is not None else engine.row_id(primary)
+        projections.append(exp.alias_(unit.copy(), "__u", quoted=True))
+        row_ids = [engine.row_id(source.alias) for source in plan.sources]
+        projections.append(exp.alias_(_keyed_hash(salt, unit.copy(), *row_ids), "__h", quoted=True))
+    for key in plan.group_keys:
+        projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
+    tables = {source.alias: source.table for source in plan.sources}
+    schema = engine.schema()
+    for m in plan.measurements:
+        value = _row_value(m, schema[tables[m.source].casefold()])
+        if value is not None:
+            projections.append(exp.alias_(value, f"{m.name}_v", quoted=True))
+    return projections
 
 
 def _row_value(m: Measurement, types: dict[str, str] | object) -> exp.Expression | None:
@@ -109,7 +121,7 @@ def _row_value(m: Measurement, types: dict[str, str] | object) -> exp.Expression
     if m.kind in ("count_rows", "count_units"):
         return None
     assert m.column is not None
-    column = _col(m.column, SOURCE_ALIAS)
+    column = _col(m.column, m.source)
     dtype = types[m.column.casefold()]  # type: ignore[index]
     present: exp.Expression = exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null()))
     numeric = family(dtype) == "number"

@@ -1,0 +1,338 @@
+"""FROM, JOIN and row-level CTEs / subqueries -> a :class:`Scope` of canonical sources.
+
+Accepted shapes, and why each is safe (contribution bounding runs *after* the join, on the
+joined rows of each unit, so a join that repeats rows cannot raise the sensitivity):
+
+- one private table (the *primary* one: its privacy unit is the unit of every joined row);
+- ``[INNER | LEFT] JOIN`` a public table (``public = true``) on equalities of columns;
+  its columns may be filtered and grouped by, and its keys are public (their values are
+  read from the public table itself);
+- ``[INNER | LEFT] JOIN`` another private table on the two privacy units (plus any other
+  equalities); the stricter (smaller) of the tables' caps applies;
+- a CTE or a subquery in FROM that only projects columns (``*`` or columns, renamed or
+  not) and filters rows of one policy table: it is inlined.
+
+Refused, with the reason: RIGHT, FULL, CROSS and NATURAL joins, joins without ON, private
+tables joined on anything but their units, self-joins of a private table, a public table in
+FROM (the private table must come first), and CTEs or subqueries that aggregate, join,
+limit or compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import sqlglot.expressions as exp
+
+from dpsql.errors import PolicyViolation
+from dpsql.plan import SOURCE_ALIAS, Source
+from dpsql.policy import ColumnPolicy, Policy, TablePolicy
+from dpsql.predicates import family
+from dpsql.sqlcheck import point_at, reject
+
+__all__ = ["Resolved", "Scope", "build_scope", "resolve"]
+
+
+@dataclass
+class Entry:
+    """One table as the query names it."""
+
+    name: str
+    table: TablePolicy
+    types: Mapping[str, str]
+    canonical: str
+    renames: dict[str, str] | None = None  # visible name (casefolded) -> column, for inlined subqueries
+
+
+@dataclass
+class Scope:
+    """The tables a query reads, under canonical aliases."""
+
+    sql: str
+    policy: Policy
+    entries: dict[str, Entry] = field(default_factory=dict)
+    sources: list[Source] = field(default_factory=list)
+    conditions: list[exp.Expression] = field(default_factory=list)  # from inlined subqueries
+
+    @property
+    def primary(self) -> Entry:
+        return next(e for e in self.entries.values() if e.canonical == SOURCE_ALIAS)
+
+    def private_tables(self) -> list[TablePolicy]:
+        return [e.table for e in self.entries.values() if not e.table.public]
+
+    @property
+    def max_rows_per_unit(self) -> int:
+        return min(t.max_rows_per_unit for t in self.private_tables())
+
+    @property
+    def max_groups_per_unit(self) -> int:
+        return min(t.max_groups_per_unit for t in self.private_tables())
+
+    @property
+    def joined(self) -> bool:
+        return len(self.sources) > 1
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A column reference checked against the policy."""
+
+    policy: ColumnPolicy
+    dtype: str
+    ref: exp.Column
+    entry: Entry
+
+    @property
+    def is_unit(self) -> bool:
+        unit = self.entry.table.privacy_unit
+        return unit is not None and self.policy.name.casefold() == unit.casefold()
+
+
+def resolve(scope: Scope, column: exp.Column) -> Resolved:
+    """The policy entry, type and canonical reference of a column, or raise."""
+    if column.args.get("db") or column.args.get("catalog"):
+        raise reject("qualify columns with the table name or alias only.", scope.sql, column)
+    qualifier = column.table.casefold() if column.table else None
+    if qualifier is not None:
+        entry = scope.entries.get(qualifier)
+        if entry is None:
+            names = ", ".join(repr(e.name) for e in scope.entries.values())
+            raise reject(f"unknown table qualifier {column.table!r}; use one of {names}.", scope.sql, column)
+        return _in_entry(scope, entry, column)
+    matches = [e for e in scope.entries.values() if _visible(e, column.name)]
+    if len(matches) > 1:
+        raise reject(f"column {column.name!r} is ambiguous; qualify it with a table name.", scope.sql, column)
+    return _in_entry(scope, matches[0] if matches else scope.primary, column)
+
+
+def _visible(entry: Entry, name: str) -> bool:
+    if entry.renames is not None:
+        return name.casefold() in entry.renames
+    return name.casefold() in entry.types
+
+
+def _in_entry(scope: Scope, entry: Entry, column: exp.Column) -> Resolved:
+    name = column.name
+    if entry.renames is not None:
+        name = entry.renames.get(name.casefold(), "\0")
+    policy = entry.table.column(name)
+    dtype = entry.types.get(name.casefold())
+    if policy is None or dtype is None:
+        raise PolicyViolation(
+            f"column {column.name!r} of table {entry.table.name!r} is not in the policy, so it is "
+            f"denied (policies fail closed). Ask the data owner to list it.\n{point_at(scope.sql, column)}"
+        )
+    if policy.access == "deny":
+        raise PolicyViolation(
+            f"column {column.name!r} of table {entry.table.name!r} is denied by the policy and may "
+            f"not appear anywhere in a query.\n{point_at(scope.sql, column)}"
+        )
+    ref = exp.column(policy.name, table=entry.canonical, quoted=True)
+    return Resolved(policy, dtype, ref, entry)
+
+
+# -- building the scope ------------------------------------------------------------------
+
+
+Pending = list[tuple[exp.Expression, Scope]]
+
+
+def build_scope(
+    sql: str, select: exp.Select, policy: Policy, schema: Mapping[str, Mapping[str, str]]
+) -> tuple[Scope, Pending]:
+    """The scope of ``select``, and the inlined subqueries' WHERE conditions still to check
+    (each with the one-table scope its columns resolve in)."""
+    scope = Scope(sql=sql, policy=policy)
+    ctes = _ctes(sql, select)
+    pending: Pending = []
+    from_ = select.args.get("from_") or select.args.get("from")
+    first = _add(scope, from_.this, ctes, schema, pending, join=None)
+    if first.table.public:
+        raise reject(
+            f"table {first.table.name!r} is public: put the private table first in FROM and join "
+            "public tables to it (dpsql answers queries over private tables).",
+            sql,
+            from_.this,
+        )
+    for join in select.args.get("joins") or []:
+        _add(scope, join.this, ctes, schema, pending, join=join)
+    return scope, pending
+
+
+def _ctes(sql: str, select: exp.Select) -> dict[str, exp.Select]:
+    with_ = select.args.get("with_") or select.args.get("with")
+    if with_ is None:
+        return {}
+    if with_.args.get("recursive"):
+        raise reject("recursive CTEs are not supported.", sql, with_)
+    return {cte.alias.casefold(): cte.this for cte in with_.expressions}
+
+
+def _add(
+    scope: Scope,
+    node: exp.Expression,
+    ctes: dict[str, exp.Select],
+    schema: Mapping[str, Mapping[str, str]],
+    pending: Pending,
+    join: exp.Join | None,
+) -> Entry:
+    canonical = SOURCE_ALIAS if not scope.entries else f"{SOURCE_ALIAS}{len(scope.entries)}"
+    if isinstance(node, exp.Subquery):
+        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node)
+    elif isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in ctes:
+        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node)
+    else:
+        entry, where = _table_entry(scope, node, canonical, schema), None
+    if entry.name.casefold() in scope.entries:
+        raise reject(f"{entry.name!r} appears twice in FROM; give each table its own alias.", scope.sql, node)
+    if not entry.table.public and any(e.table is entry.table for e in scope.entries.values()):
+        raise reject(
+            f"table {entry.table.name!r} is joined to itself: a self-join multiplies a unit's rows; "
+            "write the query over one copy of the table.",
+            scope.sql,
+            node,
+        )
+    scope.entries[entry.name.casefold()] = entry
+    if where is not None:
+        pending.append(where)
+    on = None if join is None else _join_condition(scope, join, entry)
+    kind = "from" if join is None else ("left" if join.side.upper() == "LEFT" else "inner")
+    scope.sources.append(Source(alias=canonical, table=entry.table.name, join=kind, on=on))
+    return entry
+
+
+def _table_entry(scope: Scope, node: exp.Expression, canonical: str, schema: Mapping[str, Mapping[str, str]]) -> Entry:
+    sql = scope.sql
+    if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
+        raise reject(
+            "FROM must name policy tables; table functions, file paths and lateral joins are not allowed.",
+            sql,
+            node,
+        )
+    if node.args.get("db") or node.args.get("catalog"):
+        raise reject("refer to the table by its name alone, without a schema or database.", sql, node)
+    name = node.this.this
+    table = scope.policy.table(name)
+    if table is None or name.casefold() not in schema:
+        allowed = ", ".join(sorted(t.name for t in scope.policy.tables.values()))
+        raise PolicyViolation(
+            f"table {name!r} is not in the policy, so it may not be read. Tables you may "
+            f"query: {allowed}.\n{point_at(sql, node)}"
+        )
+    return Entry(node.alias_or_name, table, schema[name.casefold()], canonical)
+
+
+def _inline(
+    scope: Scope,
+    body: exp.Expression,
+    name: str,
+    canonical: str,
+    schema: Mapping[str, Mapping[str, str]],
+    node: exp.Expression,
+) -> tuple[Entry, tuple[exp.Expression, Scope] | None]:
+    """A CTE or FROM subquery that only projects and filters one table, as an entry."""
+    sql = scope.sql
+    if not isinstance(body, exp.Select):
+        raise reject("a CTE or subquery in FROM must be one SELECT.", sql, node)
+    extra = [k for k, v in body.args.items() if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where")]
+    inner_from = body.args.get("from_") or body.args.get("from")
+    if extra or inner_from is None or not isinstance(inner_from.this, exp.Table):
+        what = ", ".join(k.upper() for k in extra) or "a FROM of one table"
+        raise reject(
+            f"a CTE or subquery in FROM may only project columns and filter rows of one policy "
+            f"table ({what} found); move aggregates, joins and limits to the outer query.",
+            sql,
+            body,
+        )
+    inner = _table_entry(scope, inner_from.this, canonical, schema)
+    renames = _projection(scope, body, inner)
+    entry = Entry(name, inner.table, inner.types, canonical, renames)
+    where = body.args.get("where")
+    if where is not None:  # the condition refers to the inner table by its own name
+        inner_scope = Scope(sql=sql, policy=scope.policy, entries={inner.name.casefold(): inner})
+        return entry, (where.this, inner_scope)
+    return entry, None
+
+
+def _projection(scope: Scope, body: exp.Select, inner: Entry) -> dict[str, str] | None:
+    renames: dict[str, str] = {}
+    local = Scope(sql=scope.sql, policy=scope.policy, entries={inner.name.casefold(): inner})
+    for item in body.expressions:
+        if isinstance(item, exp.Star):
+            return None
+        column = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(column, exp.Column) or isinstance(column.this, exp.Star):
+            if isinstance(column, exp.Column):
+                return None
+            raise reject(
+                "a CTE or subquery in FROM may only select columns (computed columns have no "
+                "clipping bounds); compute in the outer query instead.",
+                scope.sql,
+                item,
+            )
+        resolved = resolve(local, column)
+        renames[item.alias_or_name.casefold()] = resolved.policy.name
+    return renames
+
+
+def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expression:
+    sql = scope.sql
+    side = (join.side or "").upper()
+    kind = (join.kind or "").upper()
+    if side in ("RIGHT", "FULL") or kind in ("CROSS", "OUTER") or join.args.get("method"):
+        raise reject(
+            f"{' '.join(filter(None, [join.args.get('method'), side, kind])) or 'this'} JOIN is not "
+            "supported: use [INNER] JOIN or LEFT JOIN with the private table first.",
+            sql,
+            join,
+        )
+    on = join.args.get("on")
+    if on is None:
+        raise reject("a JOIN needs an ON condition (cross joins are not supported).", sql, join)
+    pairs = _equalities(scope, on)
+    if not entry.table.public:
+        _check_unit_join(scope, entry, pairs, join)
+    return exp.and_(*[exp.EQ(this=a.ref, expression=b.ref) for a, b in pairs])
+
+
+def _equalities(scope: Scope, on: exp.Expression) -> list[tuple[Resolved, Resolved]]:
+    conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
+    pairs = []
+    for c in conjuncts:
+        c = c.unnest()
+        if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
+            raise reject("JOIN ... ON takes equalities of columns joined by AND.", scope.sql, c)
+        a, b = resolve(scope, c.this), resolve(scope, c.expression)
+        if family(a.dtype) != family(b.dtype):
+            raise reject(
+                f"cannot join a {a.dtype} column with a {b.dtype} column: the implicit cast could "
+                "fail on some rows.",
+                scope.sql,
+                c,
+            )
+        pairs.append((a, b))
+    return pairs
+
+
+def _check_unit_join(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Resolved]], join: exp.Join) -> None:
+    primary = scope.primary
+    if primary.table.privacy_unit is None or entry.table.privacy_unit is None:
+        raise reject(
+            "two private tables can be joined only on their privacy units, and one of these "
+            "tables has none (each row is its own unit).",
+            scope.sql,
+            join,
+        )
+    for a, b in pairs:
+        ends = {a.entry.canonical, b.entry.canonical}
+        if a.is_unit and b.is_unit and ends == {primary.canonical, entry.canonical}:
+            return
+    raise reject(
+        f"private tables {primary.table.name!r} and {entry.table.name!r} can be joined only on their "
+        f"privacy units ({primary.table.privacy_unit} = {entry.table.privacy_unit}); any other join "
+        "key could mix different people's rows.",
+        scope.sql,
+        join,
+    )
