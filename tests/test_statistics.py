@@ -406,9 +406,14 @@ def test_contribution_bounds_are_exact(stats_data: StatsData, stats_policy: Poli
     # The heavy unit has 1000 rows in g00 and 1..5 rows (x = 1, 2, 4, 8, 16) in each of
     # g01..g50; light units have one row each. With max_rows = 3 and max_groups = 4, for
     # every salt the heavy unit must add, in exactly 4 groups, exactly min(rows, 3) to
-    # COUNT(*), 1 to COUNT(DISTINCT uid), and to SUM(x) the sum of min(rows, 3) distinct
-    # rows (a set of distinct powers of two: its popcount is the number of rows kept).
+    # COUNT(*), 1 to COUNT(DISTINCT uid), and to SUM(x) its group sum weighed down to
+    # min(rows, 3) rows: sum * min(rows, 3) / rows (the expected sum of 3 random rows; see
+    # dpsql.rewrite._rescaled_sum), to the fixed-point lattice.
     heavy_rows = Counter(g for uid, g, _ in stats_data.rows["heavy_t"] if uid == HEAVY_UNIT)
+    heavy_sums: Counter[str] = Counter()
+    for uid, g, x in stats_data.rows["heavy_t"]:
+        if uid == HEAVY_UNIT:
+            heavy_sums[g] += x
     light = _heavy_expected_light(stats_data)
     sql = "SELECT g, COUNT(*) AS n, COUNT(DISTINCT uid) AS u, SUM(x) AS s FROM heavy_t GROUP BY g"
     kept_sets = set()
@@ -423,15 +428,12 @@ def test_contribution_bounds_are_exact(stats_data: StatsData, stats_policy: Poli
             assert len(kept) == HEAVY_MAX_GROUPS, (salt, heavy["u"])
             assert all(heavy["u"][g] == 1 for g in kept)
             assert all(heavy[c][g] == 0 for c in names for g in HEAVY_GROUPS if g not in kept)
+            step = 2.0 ** -measurement_of(plan, "s").frac_bits
             for g in kept:
                 rows = min(heavy_rows[g], HEAVY_MAX_ROWS)
                 assert heavy["n"][g] == rows
-                if g == "g00":  # x = i % 10: three rows sum to 0..27
-                    assert 0 <= heavy["s"][g] <= 27
-                else:
-                    bits = int(heavy["s"][g])
-                    assert bits == heavy["s"][g] and bin(bits).count("1") == rows
-                    assert bits < 2 ** heavy_rows[g]
+                expected = heavy_sums[g] * rows / heavy_rows[g]
+                assert abs(heavy["s"][g] - expected) <= step, (g, heavy["s"][g], expected)
             kept_sets.add(frozenset(kept))
     # The groups kept depend on the salt (10 salts, C(51, 4) = 249900 possible sets).
     assert len(kept_sets) >= 8
@@ -467,41 +469,26 @@ def _collision_bound(pairs: int, choices: int) -> int:
     return int(stats.binom.isf(CHI2_TAIL, pairs, 1 / choices)) + 1
 
 
-def test_rows_kept_within_a_group_are_uniform(stats_data: StatsData, stats_policy: Policy) -> None:
-    # 200 units, each alone in its own group with 20 rows x = 2^r inserted in order
-    # r = 0..19, max_rows = 3: the exact (unfloored) SUM of a group is the set of rows its
-    # unit kept. Every unit must keep exactly 3 rows, uniformly among the C(20,3) = 1140
-    # sets, independently for each salt (DESIGN §1: "chosen uniformly at random").
-    # (a) Marginals: over 200 units x 12 salts = 2400 picks each row index is kept with
-    #     probability 3/20: _marginal_chi2 ~ chi^2(19), critical value ~64 at 1e-6.
-    #     Keeping the first rows puts all picks on r = 0, 1, 2: statistic ~45000.
-    # (b) Per unit: salts (100, 101), (102, 103), ... give 200 x 6 = 1200 independent pairs
-    #     of picks; a uniform pick agrees with probability 1/1140, so ~1 agreement is
-    #     expected and more than _collision_bound (10) fails with probability 1e-6. A
-    #     selection that, for a given unit, only ever reaches a few of the 1140 sets (or
-    #     ignores the salt) agrees in a large fraction of the pairs.
-    salts = range(100, 112)
-    counts = np.zeros(ROWPICK_ROWS)
-    picks: list[list[int]] = []
+def test_row_cap_weighs_each_unit_down_exactly_and_without_randomness(stats_data: StatsData, stats_policy: Policy) -> None:
+    # 200 units, each alone in its own group with 20 rows x = 2^r (r = 0..19), max_rows = 3.
+    # The row cap keeps a unit's sum whole up to 3 rows and weighs it down to 3 rows' worth
+    # beyond: (2^20 - 1) * 3 / 20 for every unit, the expectation of keeping 3 random rows,
+    # with no dependence on the salt (so nothing to average away by repeating a query), and
+    # never above 3 * the largest row (the bound the sensitivity assumes).
     with connect(stats_data, stats_policy, 1) as conn:
-        plan = conn.plan("SELECT g, SUM(x) AS s FROM rowpick_t GROUP BY g", epsilon=1000.0)
+        plan = conn.plan("SELECT g, SUM(x) AS s, COUNT(*) AS n FROM rowpick_t GROUP BY g", epsilon=1000.0)
         name = measurement_of(plan, "s").name
-        for salt in salts:
-            exact = exact_bounded(conn, plan, salt, floor=False)[name]
-            assert len(exact) == ROWPICK_UNITS
-            this = []
-            for g in sorted(exact):
-                bits = int(exact[g])
-                assert bits == exact[g] and bin(bits).count("1") == ROWPICK_MAX_ROWS
-                counts += [(bits >> r) & 1 for r in range(ROWPICK_ROWS)]
-                this.append(bits)
-            picks.append(this)
-    draws = ROWPICK_UNITS * len(salts)
-    statistic = _marginal_chi2(counts, draws, ROWPICK_MAX_ROWS)
-    assert statistic <= stats.chi2.isf(CHI2_TAIL, ROWPICK_ROWS - 1), (statistic, counts)
-    same = sum(a == b for s in range(0, len(picks), 2) for a, b in zip(picks[s], picks[s + 1]))
-    pairs = ROWPICK_UNITS * len(salts) // 2
-    assert same <= _collision_bound(pairs, math.comb(ROWPICK_ROWS, ROWPICK_MAX_ROWS)), (same, pairs)
+        step = 2.0 ** -measurement_of(plan, "s").frac_bits
+        expected = (2**ROWPICK_ROWS - 1) * ROWPICK_MAX_ROWS / ROWPICK_ROWS
+        seen = []
+        for salt in (100, 101, 102):
+            exact = exact_bounded(conn, plan, salt, floor=False)
+            assert len(exact[name]) == ROWPICK_UNITS
+            assert all(abs(v - expected) <= step for v in exact[name].values())
+            assert all(v == ROWPICK_MAX_ROWS for v in exact[measurement_of(plan, "n").name].values())
+            seen.append(exact[name])
+        assert seen[0] == seen[1] == seen[2]
+        assert expected <= ROWPICK_MAX_ROWS * 2 ** (ROWPICK_ROWS - 1)
 
 
 def test_groups_kept_per_unit_are_uniform(stats_data: StatsData, stats_policy: Policy) -> None:
