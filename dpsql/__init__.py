@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from dpsql.accounting import BudgetStatus, Ledger
+from dpsql.client import Client
 from dpsql.connection import Connection, connect
 from dpsql.errors import (
     AuthenticationError,
@@ -27,6 +28,7 @@ __all__ = [
     "AuthenticationError",
     "BudgetExceeded",
     "BudgetStatus",
+    "Client",
     "Connection",
     "Error",
     "InternalError",

@@ -27,10 +27,20 @@ the noise calibration itself.
 Accountants
 -----------
 The ledger asks its :class:`Accountant` to compose all of an analyst's stored charges plus
-the new one, and compares the result with the budget. :class:`BasicAccountant` (epsilons
-add, deltas add) composes in integer units, exactly. A tighter accountant (privacy loss
-distributions) implements :meth:`Accountant.compose` on the :class:`Charge` records, whose
-``mechanisms`` describe each measurement; its float result is rounded up to units.
+the new one *at the budget's delta* (``compose(events, target_delta=budget.delta)``), and
+grants the charge if the composed epsilon is at most the budget's epsilon and the composed
+delta at most its delta. :class:`BasicAccountant` (epsilons add, deltas add) composes in
+integer units, exactly, and ignores the target. :class:`dpsql.pld.PLDAccountant` (``"pld"``,
+see :func:`accountant_named`) composes privacy loss distributions built from each
+:class:`Charge`'s ``mechanisms`` and answers the smallest epsilon at the target delta; its
+float result is rounded up to units. The ledger records every charge's own (epsilon,
+delta) either way; only the budget check and :class:`BudgetStatus` use the composition.
+
+What a status shows
+-------------------
+:class:`BudgetStatus` gives the composed (epsilon, delta) spent and what remains, the
+accountant's name, the Gaussian-DP ``mu`` when every measurement spent was Gaussian, and
+:meth:`BudgetStatus.group_privacy` for groups of units.
 
 Example:
     >>> from dpsql.accounting import Charge, Ledger
@@ -57,7 +67,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from dpsql.errors import BudgetExceeded, Error, InternalError
 
@@ -70,8 +80,11 @@ __all__ = [
     "BudgetStatus",
     "Charge",
     "ChargeRecord",
+    "GroupPrivacy",
     "Ledger",
     "UnitAccountant",
+    "accountant_named",
+    "gaussian_mu",
 ]
 
 EPSILON_UNITS_PER_ONE = 10**12
@@ -169,10 +182,36 @@ class ChargeRecord:
 
 
 @dataclass(frozen=True)
+class GroupPrivacy:
+    """The guarantee for a group of ``units`` privacy units (see :meth:`BudgetStatus.group_privacy`).
+
+    Attributes:
+        units: The group size k.
+        epsilon: ``k * epsilon``.
+        delta: ``k * exp((k - 1) * epsilon) * delta``.
+        mu: ``k * mu`` when the spending is mu-GDP, else None.
+    """
+
+    units: int
+    epsilon: float
+    delta: float
+    mu: float | None = None
+
+
+@dataclass(frozen=True)
 class BudgetStatus:
     """How much of an analyst's budget is spent and how much remains.
 
-    Remaining amounts are ``max(0, total - spent)``, computed in whole units.
+    ``epsilon_spent`` and ``delta_spent`` are the accountant's composition of every charge
+    (for ``pld``: the smallest epsilon at the budget's delta, with that delta, unless basic
+    composition is as good). Remaining amounts are ``max(0, total - spent)``, computed in
+    whole units.
+
+    Attributes:
+        accountant: The name of the accountant that composed the spending.
+        mu: The Gaussian-DP mu of everything spent, ``sqrt(sum mu_i^2)`` over every
+            measurement, when every measurement was Gaussian; None otherwise (or when
+            nothing was spent).
     """
 
     analyst: str
@@ -183,6 +222,34 @@ class BudgetStatus:
     epsilon_remaining: float
     delta_remaining: float
     queries: int
+    accountant: str = "basic"
+    mu: float | None = None
+
+    def group_privacy(self, units: int) -> GroupPrivacy:
+        """The guarantee the spending gives a group of ``units`` privacy units.
+
+        From the spent (epsilon, delta): ``(k epsilon, k e^((k-1) epsilon) delta)`` (group
+        privacy of approximate DP, e.g. Vadhan 2017, Lemma 2.2; for pure DP this is
+        ``k epsilon``); and, when the spending is mu-GDP, ``k mu``-GDP (Dong, Roth and Su
+        2019, Theorem 2.14).
+
+        Raises:
+            Error: If ``units`` is not a positive integer.
+
+        >>> status = BudgetStatus("a", 0.5, 1e-7, 1.0, 1e-6, 0.5, 9e-7, 3, mu=0.2)
+        >>> group = status.group_privacy(2)   # delta: 2 e^0.5 1e-7
+        >>> group.epsilon, f"{group.delta:.3g}", group.mu
+        (1.0, '3.3e-07', 0.4)
+        """
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise Error(f"group_privacy needs a positive whole number of units, got {units!r}.")
+        epsilon = units * self.epsilon_spent
+        delta = 0.0
+        if self.delta_spent > 0:
+            exponent = (units - 1) * self.epsilon_spent
+            delta = 1.0 if exponent > 700 else min(1.0, units * math.exp(exponent) * self.delta_spent)
+        mu = None if self.mu is None else units * self.mu
+        return GroupPrivacy(units, epsilon, delta, mu)
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,8 +262,15 @@ class Accountant(Protocol):
 
     name: str
 
-    def compose(self, events: Sequence[Charge]) -> tuple[float, float]:
-        """Return the (epsilon, delta) that all ``events`` together cost."""
+    def compose(self, events: Sequence[Charge],
+                target_delta: float | None = None) -> tuple[float, float]:
+        """Return an (epsilon, delta) guarantee for all ``events`` together.
+
+        With ``target_delta``, the smallest epsilon the accountant can certify with a
+        delta of at most ``target_delta``; an accountant that cannot meet the target (basic
+        composition ignores it) returns its own guarantee, and the ledger then checks
+        both amounts against the budget.
+        """
         ...
 
 
@@ -210,7 +284,8 @@ class UnitAccountant(Protocol):
 
     name: str
 
-    def compose(self, events: Sequence[Charge]) -> tuple[float, float]:
+    def compose(self, events: Sequence[Charge],
+                target_delta: float | None = None) -> tuple[float, float]:
         """Return the (epsilon, delta) that all ``events`` together cost."""
         ...
 
@@ -229,8 +304,12 @@ class BasicAccountant:
 
     name = "basic"
 
-    def compose(self, events: Sequence[Charge]) -> tuple[float, float]:
-        """Return the sums of the epsilons and deltas, each rounded up to whole units."""
+    def compose(self, events: Sequence[Charge],
+                target_delta: float | None = None) -> tuple[float, float]:
+        """Return the sums of the epsilons and deltas, each rounded up to whole units.
+
+        ``target_delta`` is ignored: basic composition has one answer.
+        """
         amounts = [charge_units(event) for event in events]
         epsilon_units, delta_units = self.compose_units(amounts)
         return units_to_epsilon(epsilon_units), units_to_delta(delta_units)
@@ -238,6 +317,71 @@ class BasicAccountant:
     def compose_units(self, amounts: Sequence[tuple[int, int]]) -> tuple[int, int]:
         """Return the exact sums of integer-unit amounts."""
         return sum(a[0] for a in amounts), sum(a[1] for a in amounts)
+
+
+#: The accountants a policy may name (``[privacy] accountant = ...``).
+ACCOUNTANT_NAMES = ("basic", "pld")
+
+
+def accountant_named(name: str) -> Accountant:
+    """A new accountant by its policy name: ``"basic"`` or ``"pld"``.
+
+    ``"pld"`` imports :mod:`dpsql.pld` (and the dp-accounting package) only when asked.
+
+    Raises:
+        Error: If the name is unknown.
+
+    >>> accountant_named("basic").name, accountant_named("pld").name
+    ('basic', 'pld')
+    """
+    if name == "basic":
+        return BasicAccountant()
+    if name == "pld":
+        from dpsql.pld import PLDAccountant  # noqa: PLC0415 - dp-accounting loads slowly
+
+        return PLDAccountant()
+    raise Error(f"Unknown accountant {name!r}; use one of "
+                f"{', '.join(repr(n) for n in ACCOUNTANT_NAMES)}.")
+
+
+def gaussian_mu(events: Sequence[Charge]) -> float | None:
+    """The Gaussian-DP mu of ``events`` if every measurement is Gaussian, else None.
+
+    GDP composes exactly: the result is ``sqrt(sum mu_i^2)`` over every measurement of
+    every charge. Charges that cost nothing and describe nothing are skipped; with nothing
+    left, the result is None.
+
+    >>> g = {"mechanism": "gaussian", "mu": 0.3}
+    >>> round(gaussian_mu([Charge(1.0, 1e-6, "q", (g,)), Charge(1.0, 1e-6, "q", (g, g))]), 4)
+    0.5196
+    >>> gaussian_mu([Charge(1.0, 0.0, "q", ({"mechanism": "laplace", "epsilon": 1.0},))])
+    """
+    return _combine_mu_parts([_mu_part(event) for event in events])
+
+
+def _mu_part(charge: Charge) -> tuple[float, int] | None:
+    """A charge's (sum of mu^2, number of measurements), or None if one is not Gaussian.
+
+    A charge that costs nothing and describes nothing is ``(0.0, 0)``."""
+    if not charge.mechanisms:
+        return (0.0, 0) if charge.epsilon == 0 and charge.delta == 0 else None
+    squares = []
+    for mechanism in charge.mechanisms:
+        mu = mechanism.get("mu") if mechanism.get("mechanism") == "gaussian" else None
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 < mu < math.inf:
+            return None
+        squares.append(float(mu) ** 2)
+    return math.fsum(squares), len(squares)
+
+
+def _combine_mu_parts(parts: Sequence[tuple[float, int] | None]) -> float | None:
+    """``sqrt`` of all the squares, or None if a part is None or there are no measurements."""
+    if any(part is None for part in parts):
+        return None
+    known = [part for part in parts if part is not None]
+    if not any(count for _, count in known):
+        return None
+    return math.sqrt(math.fsum(squares for squares, _ in known))
 
 
 # ---------------------------------------------------------------------------------------
@@ -344,10 +488,13 @@ class Ledger:
     Args:
         path: The SQLite file to use, created if missing; ``None`` keeps the ledger in
             memory for as long as this object lives.
-        accountant: How charges compose; :class:`BasicAccountant` by default.
+        accountant: How charges compose: an :class:`Accountant`, or a policy's name for
+            one (``"basic"``, ``"pld"``; see :func:`accountant_named`);
+            :class:`BasicAccountant` by default.
 
     Raises:
-        Error: If the file's directory does not exist, or the file is not a dpsql ledger.
+        Error: If the file's directory does not exist, or the file is not a dpsql ledger,
+            or the accountant's name is unknown.
 
     Example:
         >>> from types import SimpleNamespace
@@ -358,11 +505,14 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None,
-                 accountant: Accountant | None = None) -> None:
+                 accountant: Accountant | str | None = None) -> None:
         self.path = None if path is None else os.fspath(path)
+        if isinstance(accountant, str):
+            accountant = accountant_named(accountant)
         self.accountant: Accountant = accountant if accountant is not None else BasicAccountant()
         self._lock = threading.Lock()
         self._conn = _open(self.path)
+        self._seen: dict[str, list[_Stored]] = {}
 
     # -- public -------------------------------------------------------------------------
 
@@ -370,7 +520,9 @@ class Ledger:
         """Record ``charge`` against ``analyst`` if the budget can pay for it.
 
         Reading what is spent, composing, checking and recording happen in one write
-        transaction, so concurrent charges from any number of processes serialize.
+        transaction, so concurrent charges from any number of processes serialize. The
+        check: the accountant's composition of every stored charge plus this one, at the
+        budget's delta, must be within the budget's epsilon and delta.
 
         Args:
             analyst: Who pays.
@@ -387,19 +539,34 @@ class Ledger:
         total = budget_units(budget)
         new = charge_units(charge)
         with self._locked(), self._write_transaction():
-            spent, count = self._spent(analyst)
-            after = self._spent(analyst, charge, new)[0]
-            if after[0] > total[0] or after[1] > total[1]:
-                raise _budget_exceeded(analyst, new, spent, after, total)
+            status = self._check(analyst, total, charge, new)
             self._insert(analyst, charge, new)
-            return _status(analyst, after, total, count + 1)
+            return status
+
+    def check(self, analyst: str, budget: BudgetLike, charge: Charge) -> BudgetStatus:
+        """A dry run of :meth:`charge`: the same composition and check, nothing written.
+
+        Use it to refuse a query before doing its work; only :meth:`charge` reserves the
+        budget (another process may spend it in between).
+
+        Returns:
+            What the analyst's status would be after the charge.
+
+        Raises:
+            BudgetExceeded: If the charge would overspend.
+        """
+        total = budget_units(budget)
+        new = charge_units(charge)
+        with self._locked():
+            return self._check(analyst, total, charge, new)
 
     def status(self, analyst: str, budget: BudgetLike) -> BudgetStatus:
         """Return what ``analyst`` has spent and has left of ``budget``."""
         total = budget_units(budget)
         with self._locked():
-            spent, count = self._spent(analyst)
-        return _status(analyst, spent, total, count)
+            stored = self._charges(analyst)
+            spent = self._compose(stored, total)
+            return self._status(analyst, spent, total, stored)
 
     def events(self, analyst: str) -> list[ChargeRecord]:
         """Return ``analyst``'s charges, oldest first."""
@@ -454,21 +621,43 @@ class Ledger:
             "FROM events WHERE analyst = ? ORDER BY id", (analyst,))
         return cursor.fetchall()
 
-    def _spent(self, analyst: str, new: Charge | None = None,
-               new_units: tuple[int, int] | None = None) -> tuple[tuple[int, int], int]:
-        """Composed spending in units (with an optional new charge), and the event count.
+    def _charges(self, analyst: str) -> list[_Stored]:
+        """``analyst``'s stored charges, oldest first, each parsed only once.
 
-        The basic accountant's sums are computed by SQLite over integers, exactly, without
-        reading every event into Python; other accountants compose the event records."""
-        if type(self.accountant) is BasicAccountant:
-            count, eps, dlt = self._conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0) "
-                "FROM events WHERE analyst = ?", (analyst,)).fetchone()
-            if new_units is not None:
-                eps, dlt = eps + new_units[0], dlt + new_units[1]
-            return (int(eps), int(dlt)), int(count)
-        records = self._records(analyst)
-        return self._compose(records, new, new_units), len(records)
+        Events are append-only and ids grow in commit order (each insert is its own
+        ``BEGIN IMMEDIATE`` transaction), so only rows past the last id seen are read."""
+        seen = self._seen.setdefault(analyst, [])
+        last_id = seen[-1].id if seen else 0
+        rows = self._conn.execute(
+            "SELECT id, query, epsilon_units, delta_units, mechanisms "
+            "FROM events WHERE analyst = ? AND id > ? ORDER BY id", (analyst, last_id))
+        for row in rows:
+            charge = Charge(units_to_epsilon(row[2]), units_to_delta(row[3]), row[1],
+                            tuple(json.loads(row[4])))
+            seen.append(_Stored(row[0], charge, (row[2], row[3]), _mu_part(charge)))
+        return seen
+
+    def _check(self, analyst: str, total: tuple[int, int], charge: Charge,
+               new: tuple[int, int]) -> BudgetStatus:
+        """Compose stored charges with ``charge``; raise BudgetExceeded if over ``total``."""
+        stored = self._charges(analyst)
+        adding = _Stored(0, charge, new, _mu_part(charge))
+        after = self._compose([*stored, adding], total)
+        if after[0] > total[0] or after[1] > total[1]:
+            spent = self._compose(stored, total)
+            raise _budget_exceeded(analyst, new, spent, after, total, self.accountant.name)
+        return self._status(analyst, after, total, [*stored, adding])
+
+    def _status(self, analyst: str, spent: tuple[int, int], total: tuple[int, int],
+                stored: Sequence[_Stored]) -> BudgetStatus:
+        return BudgetStatus(
+            analyst=analyst,
+            epsilon_spent=units_to_epsilon(spent[0]), delta_spent=units_to_delta(spent[1]),
+            epsilon_total=units_to_epsilon(total[0]), delta_total=units_to_delta(total[1]),
+            epsilon_remaining=units_to_epsilon(max(0, total[0] - spent[0])),
+            delta_remaining=units_to_delta(max(0, total[1] - spent[1])),
+            queries=len(stored), accountant=self.accountant.name,
+            mu=_combine_mu_parts([s.mu_part for s in stored]))
 
     def _insert(self, analyst: str, charge: Charge, units: tuple[int, int]) -> None:
         self._conn.execute(
@@ -477,26 +666,34 @@ class Ledger:
             (analyst, time.time(), charge.query, units[0], units[1],
              _mechanisms_json(charge.mechanisms)))
 
-    def _compose(self, rows: list[sqlite3.Row], new: Charge | None = None,
-                 new_units: tuple[int, int] | None = None) -> tuple[int, int]:
-        """Compose stored rows (plus an optional new charge) into (epsilon, delta) units."""
+    def _compose(self, stored: Sequence[_Stored], total: tuple[int, int]) -> tuple[int, int]:
+        """Compose charges into (epsilon, delta) units, at the budget's delta.
+
+        A :class:`UnitAccountant` composes the exact unit amounts; any other accountant
+        composes the charges at ``target_delta`` = the budget's delta, and its float
+        result is rounded up to units."""
         if isinstance(self.accountant, UnitAccountant):
-            amounts = [(row["epsilon_units"], row["delta_units"]) for row in rows]
-            if new_units is not None:
-                amounts.append(new_units)
-            return self.accountant.compose_units(amounts)
-        charges = [_record(row).to_charge() for row in rows]
-        if new is not None:
-            charges.append(new)
-        epsilon, delta = self.accountant.compose(charges)
+            return self.accountant.compose_units([s.units for s in stored])
+        epsilon, delta = self.accountant.compose(
+            [s.charge for s in stored], target_delta=units_to_delta(total[1]))
         _check_amount(f"epsilon composed by the {self.accountant.name} accountant", epsilon)
-        _check_amount(f"delta composed by the {self.accountant.name} accountant", delta)
+        _check_amount(f"delta composed by the {self.accountant.name} accountant", delta,
+                      upper=1.0)
         return epsilon_to_units_up(epsilon), delta_to_units_up(delta)
 
 
 # ---------------------------------------------------------------------------------------
 # Helpers of the ledger
 # ---------------------------------------------------------------------------------------
+
+
+class _Stored(NamedTuple):
+    """A stored charge as the ledger composes it (``id`` 0: the charge being checked)."""
+
+    id: int
+    charge: Charge
+    units: tuple[int, int]
+    mu_part: tuple[float, int] | None
 
 
 def _record(row: sqlite3.Row) -> ChargeRecord:
@@ -507,20 +704,13 @@ def _record(row: sqlite3.Row) -> ChargeRecord:
         mechanisms=tuple(json.loads(row["mechanisms"])))
 
 
-def _status(analyst: str, spent: tuple[int, int], total: tuple[int, int],
-            queries: int) -> BudgetStatus:
-    return BudgetStatus(
-        analyst=analyst,
-        epsilon_spent=units_to_epsilon(spent[0]), delta_spent=units_to_delta(spent[1]),
-        epsilon_total=units_to_epsilon(total[0]), delta_total=units_to_delta(total[1]),
-        epsilon_remaining=units_to_epsilon(max(0, total[0] - spent[0])),
-        delta_remaining=units_to_delta(max(0, total[1] - spent[1])),
-        queries=queries)
-
-
 def _budget_exceeded(analyst: str, new: tuple[int, int], spent: tuple[int, int],
-                     after: tuple[int, int], total: tuple[int, int]) -> BudgetExceeded:
-    """Build the error for a refused charge: requested, remaining, and the shortfall."""
+                     after: tuple[int, int], total: tuple[int, int],
+                     accountant: str = "basic") -> BudgetExceeded:
+    """Build the error for a refused charge: requested, remaining, and the shortfall.
+
+    Under an accountant other than ``basic`` the shortfall is that of the composition, so
+    the message also says what everything spent plus this query would compose to."""
     requested = units_to_epsilon(new[0]), units_to_delta(new[1])
     remaining = (units_to_epsilon(max(0, total[0] - spent[0])),
                  units_to_delta(max(0, total[1] - spent[1])))
@@ -531,11 +721,18 @@ def _budget_exceeded(analyst: str, new: tuple[int, int], spent: tuple[int, int],
         short.append(("delta", units_to_delta(after[1] - total[1])))
     shortfall = ", ".join(f"{name}={_format_amount(value)}" for name, value in short)
     smaller = " and ".join(name for name, _ in short)
+    composed = ""
+    if accountant != "basic":
+        composed = (
+            f" Composed by the {accountant} accountant at the budget's "
+            f"delta={_format_amount(units_to_delta(total[1]))}, everything spent plus this "
+            f"query is epsilon={_format_amount(units_to_epsilon(after[0]))}, "
+            f"delta={_format_amount(units_to_delta(after[1]))}.")
     message = (
         f"Budget exceeded for analyst {analyst!r}: this query needs "
         f"epsilon={_format_amount(requested[0])}, delta={_format_amount(requested[1])} "
         f"but only epsilon={_format_amount(remaining[0])}, "
-        f"delta={_format_amount(remaining[1])} remain (short by {shortfall}). "
+        f"delta={_format_amount(remaining[1])} remain (short by {shortfall}).{composed} "
         f"Ask for a smaller {smaller} or a larger budget.")
     return BudgetExceeded(message, requested=requested, remaining=remaining)
 

@@ -24,10 +24,11 @@ import sqlglot.expressions as exp
 from dpsql import predicates
 from dpsql.calibrate import MeasurementSpec, calibrate, partition_selection, selection_share
 from dpsql.errors import PolicyViolation, QueryRejected
-from dpsql.plan import SOURCE_ALIAS, Aggregate, GroupKey, QueryPlan
+from dpsql.plan import SOURCE_ALIAS, Aggregate, GroupKey, QueryPlan, ValueRelease
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.sources import Resolved, Scope, build_scope, resolve
 from dpsql.sqlcheck import DIALECT, parse_select, point_at, reject
+from dpsql.udf.registry import UDF, QuantileSpec
 
 __all__ = ["analyze", "resolve_budget"]
 
@@ -56,6 +57,8 @@ class _Context:
     policy: Policy
     scope: Scope
     public_values: PublicValues | None = None
+    udfs: Mapping[str, UDF] = field(default_factory=dict)
+    values: dict[str, tuple[Aggregate, object, Resolved]] = field(default_factory=dict)
     keys: dict[str, GroupKey] = field(default_factory=dict)
     aggregates: dict[str, Aggregate] = field(default_factory=dict)
     specs: dict[tuple[str, str | None], MeasurementSpec] = field(default_factory=dict)
@@ -101,6 +104,7 @@ def analyze(
     epsilon: float | None = None,
     delta: float | None = None,
     public_values: PublicValues | None = None,
+    udfs: Mapping[str, UDF] | None = None,
 ) -> QueryPlan:
     """Check ``sql`` against ``policy`` and plan everything its answer needs.
 
@@ -112,6 +116,7 @@ def analyze(
         delta: the query's delta (default 0: Laplace noise, pure epsilon-DP).
         public_values: reads a public table's distinct column values, for keys from
             joined public tables (without it such keys go through partition selection).
+        udfs: the connection's registered functions, by lower-case name.
 
     Raises:
         QueryRejected: the SQL cannot be answered privately as written.
@@ -121,7 +126,7 @@ def analyze(
     select = parse_select(sql)
     _check_clauses(sql, select)
     scope, pending = build_scope(sql, select, policy, schema)
-    ctx = _Context(sql=sql, policy=policy, scope=scope, public_values=public_values)
+    ctx = _Context(sql=sql, policy=policy, scope=scope, public_values=public_values, udfs=udfs or {})
     _plan_group_keys(ctx, select)
     conditions = [predicates.check_where(sql, c, lambda col, s=inner: resolve(s, col)) for c, inner in pending]
     where = select.args.get("where")
@@ -129,7 +134,7 @@ def analyze(
         conditions.append(predicates.check_where(sql, where.this, _resolver(ctx)))
     condition = exp.and_(*conditions) if conditions else None
     output, names = _plan_output(ctx, select)
-    if not ctx.aggregates:
+    if not ctx.aggregates and not ctx.values:
         raise reject("the query has no aggregate; select at least one, e.g. COUNT(*).", sql)
     l0, sample_groups = _effective_l0(ctx)
     selection, agg_eps, agg_dlt = None, eps, dlt
@@ -142,11 +147,24 @@ def analyze(
                 sql,
                 select.args.get("group"),
             )
-        eps_sel, dlt_sel = selection_share(eps, dlt, len(ctx.specs))
+        eps_sel, dlt_sel = selection_share(eps, dlt, len(ctx.specs) + len(ctx.values))
         selection = partition_selection(eps_sel, dlt_sel, l0)
         agg_eps, agg_dlt = eps - eps_sel, dlt - dlt_sel
-    measurements = calibrate(
-        list(ctx.specs.values()), epsilon=agg_eps, delta=agg_dlt, l0=l0, max_rows=scope.max_rows_per_unit
+    parts = len(ctx.values) + (1 if ctx.specs else 0)  # basic composition between the parts
+    part_eps, part_dlt = agg_eps / parts, agg_dlt / parts
+    measurements = (
+        calibrate(list(ctx.specs.values()), epsilon=part_eps, delta=part_dlt, l0=l0, max_rows=scope.max_rows_per_unit)
+        if ctx.specs
+        else ()
+    )
+    # An order statistic reads one value per unit and group (the tightest local sensitivity);
+    # a UDF reads up to max_rows_per_unit (sample-and-aggregate blocks are whole units).
+    value_releases = tuple(
+        ValueRelease(
+            agg.name, target, col.policy.name, col.entry.canonical, part_eps / l0, part_dlt / l0,
+            1 if isinstance(target, QuantileSpec) else scope.max_rows_per_unit,
+        )
+        for agg, target, col in ctx.values.values()
     )
     return QueryPlan(
         sql=sql,
@@ -158,7 +176,7 @@ def analyze(
         max_groups_per_unit=l0,
         sample_groups=sample_groups,
         measurements=measurements,
-        aggregates=tuple(ctx.aggregates.values()),
+        aggregates=tuple(ctx.aggregates.values()) + tuple(agg for agg, _, _ in ctx.values.values()),
         output=output,
         output_names=names,
         epsilon=eps,
@@ -167,6 +185,7 @@ def analyze(
         selection=selection,
         sources=tuple(scope.sources),
         unit_is_row=ctx.primary.privacy_unit is None and scope.joined,
+        value_releases=value_releases,
     )
 
 
@@ -387,6 +406,8 @@ def _output_expression(ctx: _Context, node: exp.Expression, aliases: list[str] |
             key = ctx.keys.get(_shape(n))
             if key is not None:
                 return exp.column(key.name, quoted=True)
+        if _is_value_release(ctx, n):
+            return exp.column(_add_value_release(ctx, n), quoted=True)
         if isinstance(n, exp.AggFunc) or _is_aggregate_like(n):
             return exp.column(_add_aggregate(ctx, n), quoted=True)
         if isinstance(n, exp.Column):
@@ -429,6 +450,55 @@ def _find_original(node: exp.Expression, replaced: exp.Expression) -> exp.Expres
     return node
 
 
+def _is_value_release(ctx: _Context, node: exp.Expression) -> bool:
+    if isinstance(node, (exp.Median, exp.PercentileCont, exp.WithinGroup)):
+        return True
+    return isinstance(node, exp.Anonymous) and node.name.casefold() in ctx.udfs
+
+
+def _add_value_release(ctx: _Context, node: exp.Expression) -> str:
+    """MEDIAN, QUANTILE_CONT / PERCENTILE_CONT ... WITHIN GROUP, or a registered UDF."""
+    column, target_of = _value_call(ctx, node)
+    resolved = _column(ctx, column)
+    _check_aggregatable(ctx, resolved, node)
+    target = target_of(resolved.policy.bounds)
+    key = f"value:{_source_text(node).casefold()}:{_key_identity(resolved)}"
+    if key not in ctx.values:
+        agg = Aggregate(f"__a{len(ctx.aggregates) + len(ctx.values)}", "value", _source_text(node), (), resolved.policy.bounds)
+        ctx.values[key] = (agg, target, resolved)
+    return ctx.values[key][0].name
+
+
+def _value_call(ctx: _Context, node: exp.Expression):  # type: ignore[no-untyped-def]
+    if isinstance(node, exp.Median):
+        return _bare_column(ctx, node.this, node), lambda b: QuantileSpec(0.5, _float_bounds(b))
+    if isinstance(node, exp.WithinGroup):
+        inner, order = node.this, node.expression
+        items = order.expressions if isinstance(order, exp.Order) else []
+        if not isinstance(inner, exp.PercentileCont) or len(items) != 1 or items[0].args.get("desc"):
+            raise reject("write PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY column).", ctx.sql, node)
+        q = _quantile_literal(ctx, inner.this, node)
+        return _bare_column(ctx, items[0].this, node), lambda b: QuantileSpec(q, _float_bounds(b))
+    if isinstance(node, exp.PercentileCont):
+        q = _quantile_literal(ctx, node.expression, node)
+        return _bare_column(ctx, node.this, node), lambda b: QuantileSpec(q, _float_bounds(b))
+    udf = ctx.udfs[node.name.casefold()]
+    if len(node.expressions) != 1:
+        raise reject(f"{udf.name} takes one column.", ctx.sql, node)
+    return _bare_column(ctx, node.expressions[0], node), lambda b: udf
+
+
+def _float_bounds(bounds: tuple[float, float] | None) -> tuple[float, float]:
+    assert bounds is not None
+    return float(bounds[0]), float(bounds[1])
+
+
+def _quantile_literal(ctx: _Context, value: exp.Expression | None, node: exp.Expression) -> float:
+    if not (isinstance(value, exp.Literal) and not value.is_string and 0 <= float(value.this) <= 1):
+        raise reject("the quantile must be a number literal between 0 and 1.", ctx.sql, node)
+    return float(value.this)
+
+
 def _is_aggregate_like(node: exp.Expression) -> bool:
     return isinstance(node, exp.Filter) or (isinstance(node, exp.Anonymous) and node.name.casefold() in _AGG_NAMES)
 
@@ -468,7 +538,7 @@ def _add_aggregate(ctx: _Context, node: exp.Expression) -> str:
             kinds = [("sum_squares", resolved), ("sum_centred", resolved), ("count_values", resolved)]
     names = tuple(_add_spec(ctx, kind, col, bounds) for kind, col in kinds)
     agg = Aggregate(
-        name=f"__a{len(ctx.aggregates)}",
+        name=f"__a{len(ctx.aggregates) + len(ctx.values)}",
         function=function,  # type: ignore[arg-type]
         sql=_source_text(node),
         measurements=names,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpsql.errors import InternalError
+from dpsql.errors import InternalError, QueryRejected
 from dpsql.mechanisms import gaussian_noise, gdp_mu, laplace_noise
 from dpsql.plan import SOURCE_ALIAS, Measurement, MeasurementKind, Selection
 
@@ -166,6 +166,11 @@ def _measure(
     group_bound = 1 if spec.kind == "count_units" else max_rows * row_bound
     shift = group_bound.bit_length() - (GROUP_BITS + 1)
     limit = 2 ** NOISE_BITS["gaussian" if mu > 0 else "laplace"]
+    if spread > limit / 2:
+        raise QueryRejected(
+            f"epsilon is too small for this query: its noise would be over {limit // 2:,} times "
+            "the sensitivity. Ask for a larger epsilon (or delta)."
+        )
     while spread * lattice_units(group_bound, shift) > limit:
         shift += 1
     group_sensitivity = lattice_units(group_bound, shift)

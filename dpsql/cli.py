@@ -1,4 +1,5 @@
-"""The ``dpsql`` command line (DESIGN §4): ``demo``, ``query``, ``budget``, ``policy check``.
+"""The ``dpsql`` command line (DESIGN §4): ``demo``, ``query``, ``budget``, ``policy check``,
+``token create|revoke`` and ``serve``.
 
 Each subcommand is a small function that takes the parsed arguments, prints, and returns
 an exit code. Errors are never shown as tracebacks: a :class:`dpsql.Error` (or a file
@@ -59,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return command(args)
     except (Error, OSError) as exc:
         if isinstance(exc, BrokenPipeError):  # `dpsql demo | head`: stop quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            # Swap the Python object only: pointing file descriptor 1 at /dev/null would
+            # also silence whoever runs main() in-process (a test runner).
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
             return 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -94,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--policy", required=True, help="the policy file (gives the analyst's total)")
     budget.add_argument("--ledger", required=True, help="the budget ledger (SQLite file)")
     budget.add_argument("--analyst", required=True, help="whose budget to show")
+    budget.add_argument(
+        "--plot", metavar="FILE.png", help="draw the trade-off curve of what was spent against the budget's "
+        "(needs matplotlib: pip install 'dpsql[plot]')"
+    )
     budget.set_defaults(command=run_budget)
 
     policy = commands.add_parser("policy", help="work with policy files")
@@ -102,7 +109,34 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("policy", metavar="POLICY", help="the TOML policy file")
     check.add_argument("--db", help="also check that this DuckDB file matches the policy")
     check.set_defaults(command=run_policy_check)
+
+    token = commands.add_parser("token", help="create or revoke an analyst's token for dpsql serve")
+    token_commands = token.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    create = token_commands.add_parser("create", help="make a new token (printed once, as the last line)")
+    revoke = token_commands.add_parser("revoke", help="revoke an analyst's token")
+    for sub, run in ((create, run_token_create), (revoke, run_token_revoke)):
+        sub.add_argument("analyst", metavar="ANALYST", help="whose token (the budget it spends)")
+        sub.add_argument("--auth", required=True, help="the auth file (TOML; keeps only salted hashes)")
+        sub.set_defaults(command=run)
+
+    serve = commands.add_parser("serve", help="run the Arrow Flight proxy for remote analysts")
+    serve.add_argument("--db", required=True, help="the DuckDB database file (opened read-only)")
+    serve.add_argument("--policy", required=True, help="the TOML policy file")
+    serve.add_argument("--ledger", required=True, help="budget ledger file, created if missing")
+    serve.add_argument("--auth", required=True, help="the auth file written by dpsql token create")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8815, help="port (default 8815; 0 picks a free one)")
+    serve.add_argument("--tls-cert", help="PEM certificate: serve grpc+tls (needs --tls-key)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.set_defaults(command=run_serve)
     return parser
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, got {text}")
+    return value
 
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,19 +211,33 @@ def _format_budget_line(status: BudgetStatus) -> str:
 
 
 def run_budget(args: argparse.Namespace) -> int:
-    """``dpsql budget``: what an analyst has spent and has left, from the ledger."""
+    """``dpsql budget``: what an analyst has spent and has left, from the ledger.
+
+    Spending is composed by the policy's accountant. With ``--plot FILE.png``, also draws
+    the trade-off curve of what was spent against the budget's (see :mod:`dpsql.pld`).
+    """
     policy = load_policy(args.policy)
     budget = policy.budget_for(args.analyst)
     exists = os.path.exists(args.ledger)
     # A missing ledger means nothing was spent; read it as empty rather than create it.
-    with Ledger(args.ledger if exists else None) as ledger:
+    with Ledger(args.ledger if exists else None, accountant=policy.accountant) as ledger:
         status = ledger.status(args.analyst, budget)
+        charges = [event.to_charge() for event in ledger.events(args.analyst)] if args.plot else []
     where = args.ledger if exists else f"{args.ledger} (no such file yet: nothing spent)"
     print(f"analyst {status.analyst}, ledger {where}")
     s = status
     print(f"  epsilon: {s.epsilon_spent:g} spent, {s.epsilon_remaining:g} remaining of {s.epsilon_total:g}")
     print(f"  delta:   {s.delta_spent:g} spent, {s.delta_remaining:g} remaining of {s.delta_total:g}")
     print(f"  queries: {status.queries}")
+    print(f"  accountant: {status.accountant}" + (" (epsilon at the budget's delta)" if s.accountant != "basic" else ""))
+    if status.mu is not None:
+        group = status.group_privacy(2)
+        print(f"  Gaussian-DP: mu={status.mu:.4g} (every measurement was Gaussian); a group of 2 units: mu={group.mu:.4g}")
+    if args.plot:
+        from dpsql.pld import plot_tradeoff  # noqa: PLC0415 - dp-accounting and matplotlib load slowly
+
+        plot_tradeoff(args.plot, status, charges)
+        print(f"  trade-off curve: {args.plot}")
     return 0
 
 
@@ -251,6 +299,45 @@ def _describe_column(column: ColumnPolicy) -> str:
         more = len(column.public_values) - _SHOWN_VALUES
         text += f", public values {shown}" + (f", ... ({more} more)" if more > 0 else "")
     return text
+
+
+# ---------------------------------------------------------------- dpsql token, dpsql serve
+
+
+def run_token_create(args: argparse.Namespace) -> int:
+    """``dpsql token create``: store a salted hash, print the token once as the last line."""
+    from dpsql.auth import create_token, read_auth_file
+
+    replaced = os.path.exists(args.auth) and args.analyst in read_auth_file(args.auth)
+    token = create_token(args.auth, args.analyst)
+    if replaced:
+        print(f"replaced the previous token of {args.analyst!r}: it no longer works.")
+    print(f"token for analyst {args.analyst!r} (its salted hash is in {args.auth}; the token "
+          "itself is shown only this once):")
+    print(f"  revoke it with: dpsql token revoke {shlex.quote(args.analyst)} --auth {shlex.quote(args.auth)}")
+    print(token)
+    return 0
+
+
+def run_token_revoke(args: argparse.Namespace) -> int:
+    """``dpsql token revoke``: remove the analyst's token; a running server refuses it at once."""
+    from dpsql.auth import revoke_token
+
+    revoke_token(args.auth, args.analyst)
+    print(f"revoked the token of {args.analyst!r} in {args.auth}")
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``dpsql serve``: answer remote analysts until SIGTERM or Ctrl-C."""
+    from dpsql.server import ServeOptions, configure_logging, serve
+
+    configure_logging()
+    options = ServeOptions(
+        database=args.db, policy=args.policy, ledger=args.ledger, auth=args.auth,
+        host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
+    )
+    return serve(options, on_ready=lambda location: print(f"listening on {location}", flush=True))
 
 
 # ---------------------------------------------------------------- dpsql demo

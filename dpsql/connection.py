@@ -11,51 +11,52 @@
 A query refused by ``analyze`` or by the budget pre-check charges nothing. A query whose
 engine run fails charges nothing either (nothing noisy was made). The charge is committed
 before the result is returned; a crash after it loses budget, never privacy.
+
+Free repeats (:mod:`dpsql.cache`). Before anything is charged, ``execute`` looks the query
+up by (analyst, normalised SQL, epsilon, delta, policy and noise, data fingerprint): an
+answer released before is returned again, charged nothing, with ``res.cached`` true and a
+note in ``res.privacy.notes``. Otherwise the bounded query runs together with the
+fingerprint of the data it reads, and the charge, the result and the stored answer happen
+in one transaction of the answers file, so that two processes asking the same new query pay
+once and see one answer. An engine without ``fingerprint``, a connection opened with
+``repeats=False``, and a query that uses a registered UDF (its code is not in the key) get
+no repeats: each execute is charged and draws fresh noise.
+
+Dry runs (:mod:`dpsql.explain`). ``explain`` and ``epsilon_for`` work on plans alone: they
+read no data and charge nothing.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from types import TracebackType
+from typing import Any
 
 import duckdb
+import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.accounting import BudgetStatus, Charge, Ledger
 from dpsql.analyze import analyze
+from dpsql.cache import REPEAT_NOTE, CachedAnswer, RepeatCache, policy_fingerprint, repeat_key
 from dpsql.engine import DuckDBEngine, Engine
 from dpsql.errors import BudgetExceeded, Error
+from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.mechanisms import RandomSource
-from dpsql.plan import Aggregate, QueryPlan
+from dpsql.plan import QueryPlan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
-from dpsql.release import count_half_width, noisy_schema, noisy_table
+from dpsql.release import noisy_schema, noisy_table
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
-from dpsql.rewrite import bounded_query
+from dpsql.rewrite import bounded_query, value_query
+from dpsql.udf.registry import UDF, validate_udf
 
 __all__ = ["Connection", "Explanation", "connect"]
 
-
-class Explanation:
-    """What a query would cost and use, computed without reading data or spending budget."""
-
-    def __init__(self, plan: QueryPlan, bounded_sql: str) -> None:
-        self.plan = plan
-        self.epsilon = plan.epsilon
-        self.delta = plan.delta
-        self.bounded_sql = bounded_sql
-        self.mechanisms = {m.name: m.describe() for m in plan.measurements}
-        self.accuracy = {a.sql: _expected_half_width(plan, a) for a in plan.aggregates if a.function != "avg"}
-
-    def __repr__(self) -> str:
-        lines = [f"Explanation(epsilon={self.epsilon:g}, delta={self.delta:g}, mechanism={self.plan.mechanism})"]
-        lines += [f"  {sql}: ±{hw:.4g} (95%)" for sql, hw in self.accuracy.items()]
-        return "\n".join(lines)
-
-
-def _expected_half_width(plan: QueryPlan, aggregate: Aggregate) -> float:
-    first = plan.measurement(aggregate.measurements[0])
-    return count_half_width(first) if aggregate.function.startswith("count") else first.half_width()
+#: Keys from a joined public table with more distinct values than this are treated as private.
+MAX_PUBLIC_KEYS = 10_000
 
 
 class Connection:
@@ -69,16 +70,33 @@ class Connection:
         ledger: Ledger,
         *,
         noise_source: RandomSource | None = None,
+        repeats: bool = True,
+        answers: RepeatCache | None = None,
     ) -> None:
+        """Chain the passes over ``engine`` for ``analyst``.
+
+        Args:
+            repeats: serve a repeated query its first answer, free (see :mod:`dpsql.cache`);
+                ``False`` charges every execute and draws fresh noise each time.
+            answers: where released answers are kept for free repeats; by default beside
+                the ledger's file (``<ledger>.answers``), or in memory for an in-memory
+                ledger. No repeats when the engine has no ``fingerprint``.
+        """
         if not isinstance(analyst, str) or not analyst:
             raise Error("analyst must be a non-empty string naming whose budget is charged.")
         self._engine = engine
         self._policy = policy
         self._analyst = analyst
         self._ledger = ledger
-        self._post = Postprocessor()
         self._source = noise_source
         self._closed = False
+        self._anchor_cache: str | None = None
+        self._udfs: dict[str, UDF] = {}
+        self._answers: RepeatCache | None = None
+        if repeats and hasattr(engine, "fingerprint") and hasattr(engine, "run_fingerprinted"):
+            self._answers = answers if answers is not None else RepeatCache.beside(getattr(ledger, "path", None))
+        self._policy_fingerprint = policy_fingerprint(policy)
+        self._post = Postprocessor()
 
     @property
     def analyst(self) -> str:
@@ -91,29 +109,196 @@ class Connection:
     def plan(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> QueryPlan:
         """Analyze ``sql``: every check, no data read, nothing charged."""
         self._check_open()
-        plan = analyze(sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta)
+        plan = analyze(
+            sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
+            public_values=self._public_values, udfs=self._udfs,
+        )
         self._post.check(plan, noisy_schema(plan))
         return plan
 
+    def _public_values(self, table: str, column: str) -> tuple[object, ...] | None:
+        """A public table's distinct values of a column (public data), ``None`` past
+        ``MAX_PUBLIC_KEYS`` (such a key then goes through partition selection)."""
+        if not self._policy.table(table) or not self._policy.table(table).public:  # type: ignore[union-attr]
+            return None
+        return self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS)
+
     def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Explanation:
-        """What ``sql`` would be charged, its mechanisms, bounded SQL and expected accuracy."""
+        """What ``sql`` would be charged, its mechanisms, bounded SQL and expected accuracy.
+
+        Reads no data and charges nothing (see :class:`~dpsql.explain.Explanation`). The
+        charge shown is the query's own (epsilon, delta) and, when the ledger's accountant
+        can compose without recording, what the analyst's total would become. A repeat of
+        a query already answered on unchanged data would be free; telling whether the data
+        changed needs a read, so the full cost is shown.
+
+        >>> import duckdb, dpsql
+        >>> from dpsql.policy import parse_policy
+        >>> con = duckdb.connect()
+        >>> _ = con.execute("CREATE TABLE t AS SELECT range AS uid, range % 100 AS x FROM range(1000)")
+        >>> policy = parse_policy('''
+        ... [privacy]
+        ... max_epsilon_per_query = 1.0
+        ... max_delta_per_query = 1e-6
+        ... default_epsilon = 0.5
+        ... [budget]
+        ... default = { epsilon = 5.0, delta = 1e-5 }
+        ... [tables.t]
+        ... privacy_unit = "uid"
+        ... max_groups_per_unit = 1
+        ... max_rows_per_unit = 1
+        ... [tables.t.columns]
+        ... x = { bounds = [0, 100] }
+        ... ''')
+        >>> conn = dpsql.connect(con, policy=policy)
+        >>> e = conn.explain("SELECT COUNT(*) AS n, AVG(x) AS mean_x FROM t", epsilon=0.5)
+        >>> e.columns["n"].half_width, e.columns["mean_x"].depends_on
+        (18.0, 'count')
+        >>> round(e.half_width_for("mean_x", count=1000, mean=50), 2)
+        0.9
+        >>> conn.epsilon_for("SELECT COUNT(*) AS n FROM t", "n", 10)
+        0.2996
+        >>> conn.budget().queries
+        0
+        """
         plan = self.plan(sql, epsilon=epsilon, delta=delta)
         bounded = bounded_query(plan, self._engine, salt=0).sql(dialect=self._engine.dialect, pretty=True)
-        return Explanation(plan, bounded)
+        budget = self._policy.budget_for(self._analyst)
+        composition = dry_run_composition(self._ledger, self._analyst, budget, _charge(plan, sql))
+        return Explanation(
+            plan, bounded, _privacy_report(plan), composition,
+            replan=lambda eps: self._replan(sql, eps, plan.delta),
+            max_epsilon=self._policy.max_epsilon_per_query,
+        )
+
+    def epsilon_for(
+        self,
+        sql: str,
+        column: str,
+        half_width: float,
+        *,
+        delta: float | None = None,
+        count: float | None = None,
+        mean: float | None = None,
+    ) -> float:
+        """The smallest epsilon for which output ``column`` of ``sql`` has an expected 95%
+        half-width of at most ``half_width``. Plans only: reads no data, charges nothing.
+
+        Args:
+            sql: the query.
+            column: an output column (a bare COUNT, SUM or AVG).
+            half_width: the target 95% half-width, in the column's units.
+            delta: the query's delta (0 by default: Laplace noise).
+            count: for an AVG, the rows averaged per group (after contribution bounding).
+            mean: for an AVG, the assumed mean (default: the worst case, a bound).
+
+        Raises:
+            Error: even the policy's ``max_epsilon_per_query`` cannot reach the target, or
+                the column's accuracy depends on the data (an expression; an AVG without
+                ``count``).
+        """
+        plan = self.plan(sql, epsilon=self._policy.max_epsilon_per_query, delta=delta)
+        return smallest_epsilon(
+            lambda eps: self._replan(sql, eps, plan.delta), column, half_width,
+            self._policy.max_epsilon_per_query, count=count, mean=mean,
+        )
+
+    def _replan(self, sql: str, epsilon: float, delta: float) -> QueryPlan:
+        """Plan an already-checked query at another epsilon (pure: no data, no charge)."""
+        self._check_open()
+        return analyze(
+            sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
+            public_values=self._public_values, udfs=self._udfs,
+        )
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Result:
-        """Answer ``sql`` with differential privacy, charging (epsilon, delta)."""
+        """Answer ``sql`` with differential privacy, charging (epsilon, delta).
+
+        A repeat (same analyst, normalised SQL, epsilon, delta, policy and data) returns the
+        answer already released and charges nothing; see the module docstring.
+        """
         plan = self.plan(sql, epsilon=epsilon, delta=delta)
         budget = self._policy.budget_for(self._analyst)
+        if self._answers is None or _uses_udf(plan):
+            self._precheck(plan, budget)
+            exact = self._engine.run(bounded_query(plan, self._engine))
+            noisy, report = self._noisy(plan, exact)
+            self._ledger.charge(self._analyst, budget, _charge(plan, sql))
+            table, cells = self._post.run(plan, noisy)
+            return _with_values(_result(plan, table, cells, sql, cached=False), plan, report)
+        tables = _tables_read(plan)
+        key = self._repeat_key(plan, sql, self._engine.fingerprint(tables))  # type: ignore[attr-defined]
+        cached = self._answers.get(key, self._anchor())
+        if cached is not None:
+            return _repeat(plan, cached, sql)
         self._precheck(plan, budget)
-        exact = self._engine.run(bounded_query(plan, self._engine))
-        noisy = noisy_table(plan, exact, self._source)
-        charge = Charge(plan.epsilon, plan.delta, sql, _described(plan))
-        self._ledger.charge(self._analyst, budget, charge)
-        table, cells = self._post.run(plan, noisy)
-        return Result(table, _privacy_report(plan), Accuracy(cells), sql)
+        query = bounded_query(plan, self._engine)
+        exact, read = self._engine.run_fingerprinted(query, tables)  # type: ignore[attr-defined]
+        key = self._repeat_key(plan, sql, read)  # the data this answer was computed from
+        noisy, report = self._noisy(plan, exact)
+        if plan.value_releases and self._engine.fingerprint(tables) != read:  # type: ignore[attr-defined]
+            key = ""  # values were read in another statement, from changed data: do not keep
+        with self._answers.claim() as claim:
+            cached = claim.get(key, self._anchor()) if key else None
+            if cached is not None:  # another connection answered it meanwhile
+                return _repeat(plan, cached, sql)
+            self._ledger.charge(self._analyst, budget, _charge(plan, sql))
+            table, cells = self._post.run(plan, noisy)
+            result = _with_values(_result(plan, table, cells, sql, cached=False), plan, report)
+            if key:
+                claim.put(key, self._anchor(), self._analyst, sql, table, cells, asdict(result.privacy))
+        return result
+
+    def _noisy(self, plan: QueryPlan, exact: pa.Table) -> tuple[pa.Table, dict[str, list[object]]]:
+        """Noisy aggregates, fetching first the values order statistics and UDFs read."""
+        values = {r.name: self._engine.run(value_query(plan, r, self._engine)) for r in plan.value_releases}
+        report: dict[str, list[object]] = {}
+        return noisy_table(plan, exact, self._source, values=values, report=report), report
+
+    def register_udf(
+        self,
+        name: str,
+        fn: object,
+        bounds: tuple[float, float] | None = None,
+        local_sensitivity: object = None,
+        strategy: str = "auto",
+        *,
+        time_limit: float = 0.1,
+    ) -> None:
+        """Make ``name(column)`` usable in SQL as a private aggregate (DESIGN §4, §5).
+
+        ``fn`` gets one block's values (a float64 numpy array) and returns a float, clipped
+        into ``bounds``; a block that raises, returns NaN/inf or runs past ``time_limit``
+        seconds contributes the midpoint of ``bounds``. With ``local_sensitivity(values, k)``
+        (the most ``fn`` can change when k rows change) and a delta, PTR or smooth sensitivity
+        may be used; otherwise sample-and-aggregate. ``strategy`` forces one.
+        """
+        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)  # type: ignore[arg-type]
+        self._udfs[udf.name] = udf
+
+    def _repeat_key(self, plan: QueryPlan, sql: str, data: str) -> str:
+        return repeat_key(
+            analyst=self._analyst, sql=sql, epsilon=plan.epsilon, delta=plan.delta,
+            policy=self._policy_fingerprint, noise=_described(plan), data=data,
+        )
+
+    def _anchor(self) -> str:
+        """The analyst's first ledger event (id and time): it changes only when the ledger
+        is reset, which then invalidates every stored answer (see :mod:`dpsql.cache`)."""
+        if self._anchor_cache is None:
+            events = getattr(self._ledger, "events", None)
+            first = events(self._analyst)[:1] if events is not None else []
+            if not first:
+                return "no events"
+            self._anchor_cache = f"{first[0].id}:{first[0].time!r}"
+        return self._anchor_cache
 
     def _precheck(self, plan: QueryPlan, budget: object) -> None:
+        """Refuse before reading data when the budget clearly cannot pay. Only for the basic
+        accountant, where a query costs exactly its own (epsilon, delta); a tighter
+        accountant composes to less, so its ledger's charge is the only check."""
+        if getattr(getattr(self._ledger, "accountant", None), "name", "basic") != "basic":
+            return
         status = self._ledger.status(self._analyst, budget)  # type: ignore[arg-type]
         if plan.epsilon > status.epsilon_remaining + 1e-12 or plan.delta > status.delta_remaining + 1e-18:
             raise BudgetExceeded(
@@ -136,6 +321,8 @@ class Connection:
         if not self._closed:
             self._closed = True
             self._post.close()
+            if self._answers is not None:
+                self._answers.close()
             self._engine.close()
             self._ledger.close()
 
@@ -152,10 +339,87 @@ class Connection:
         self.close()
 
 
+def _charge(plan: QueryPlan, sql: str) -> Charge:
+    return Charge(plan.epsilon, plan.delta, sql, _described(plan))
+
+
+def _tables_read(plan: QueryPlan) -> tuple[str, ...]:
+    """Every table the bounded query reads (the repeat key covers all of their data)."""
+    sources: Sequence[object] = getattr(plan, "sources", ()) or ()
+    return tuple(sorted({plan.table, *(getattr(s, "table") for s in sources)}))
+
+
+def _result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
+            cached: bool) -> Result:
+    result = Result(table, _privacy_report(plan), Accuracy(cells), sql)  # type: ignore[arg-type]
+    result.cached = cached  # type: ignore[attr-defined]
+    return result
+
+
+def _repeat(plan: QueryPlan, answer: CachedAnswer, sql: str) -> Result:
+    """A stored answer, under this query's column names, with the privacy report it was
+    released with, marked as a free repeat."""
+    table = answer.table
+    if table.num_columns != len(plan.output_names):
+        raise Error("a stored answer does not match this query's columns; delete the answers file "
+                    "beside the ledger. This is probably a bug in dpsql.")
+    table = table.rename_columns(list(plan.output_names))
+    cells = {new: list(answer.cells.get(old, [None] * table.num_rows))
+             for old, new in zip(answer.table.column_names, plan.output_names)}
+    stored = answer.privacy
+    columns = {new: _column_privacy(stored["columns"][old])
+               for old, new in zip(answer.table.column_names, plan.output_names)}
+    report = PrivacyReport(stored["epsilon"], stored["delta"], columns, (*stored["notes"], REPEAT_NOTE))
+    result = Result(table, report, Accuracy(cells), sql)
+    result.cached = True  # type: ignore[attr-defined]
+    return result
+
+
+def _column_privacy(stored: dict[str, Any]) -> ColumnPrivacy:
+    measurements = tuple({k: _tuples(v) for k, v in m.items()} for m in stored["measurements"])
+    return ColumnPrivacy(stored["mechanism"], stored["noise_std"], measurements)
+
+
+def _tuples(value: object) -> object:
+    """JSON made the report's tuples lists; make them tuples again."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _uses_udf(plan: QueryPlan) -> bool:
+    """Whether a registered UDF answers part of the query: its code is not part of the
+    repeat key, so such queries are answered afresh (and charged) every time."""
+    return any(isinstance(r.target, UDF) for r in getattr(plan, "value_releases", ()))
+
+
 def _described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
     """Every noisy quantity of the plan, as the ledger records it."""
     selection = (plan.selection.describe(),) if plan.selection is not None else ()
-    return selection + tuple(m.describe() for m in plan.measurements)
+    values = tuple(r.describe() for r in plan.value_releases)
+    return selection + tuple(m.describe() for m in plan.measurements) + values
+
+
+def _with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]) -> Result:
+    """The privacy report with what each order statistic or UDF actually used, and why."""
+    if not report:
+        return result
+    columns = dict(result.privacy.columns)
+    notes = list(result.privacy.notes)
+    for name, projection in zip(plan.output_names, plan.output.expressions):
+        refs = [c.name for c in projection.find_all(exp.Column) if c.name in report]
+        outs = [o for r in refs for o in report[r]]
+        if not outs:
+            continue
+        mechanisms = "+".join(sorted({o.mechanism for o in outs}))  # type: ignore[attr-defined]
+        described = tuple(o.describe() for o in outs)  # type: ignore[attr-defined]
+        columns[name] = ColumnPrivacy(mechanisms, None, described)
+        why = str(outs[0].parameters.get("why", ""))  # type: ignore[attr-defined]
+        per_group = f" (chosen per group from a noisy unit count; first group shown)" if len(outs) > 1 else ""
+        notes.append(f"{name}: {why}{per_group}")
+        refused = sum(bool(o.refused) for o in outs)  # type: ignore[attr-defined]
+        if refused:
+            notes.append(f"{name}: {refused} of {len(outs)} group(s) refused by PTR (NULL): {outs[0].reason or 'unstable'}")  # type: ignore[attr-defined]
+    result.privacy = replace(result.privacy, columns=columns, notes=tuple(notes))
+    return result
 
 
 def _privacy_report(plan: QueryPlan) -> PrivacyReport:
@@ -188,6 +452,7 @@ def connect(
     ledger: str | os.PathLike[str] | Ledger | None = None,
     *,
     noise_source: RandomSource | None = None,
+    repeats: bool = True,
 ) -> Connection:
     """Open a differentially private connection.
 
@@ -201,6 +466,11 @@ def connect(
             lasts as long as the connection.
         noise_source: for tests only: a seeded :class:`~dpsql.mechanisms.RandomSource`.
             Production noise always comes from the operating system's CSPRNG.
+        repeats: ``True`` (the default): a repeated query (same analyst, SQL up to spacing
+            and keyword case, epsilon, delta, policy and data) gets its first answer again,
+            free; answers are kept beside the ledger file (``<ledger>.answers``) or in
+            memory. ``False``: every execute is charged and draws fresh noise (for
+            statistical tests of the noise).
 
     Raises:
         PolicyError: the policy is malformed or does not match the database.
@@ -209,8 +479,14 @@ def connect(
     engine = DuckDBEngine(database)
     try:
         check_against_schema(loaded, engine.schema())
-        book = ledger if isinstance(ledger, Ledger) else Ledger(ledger, accountant=None)
+        book = ledger if isinstance(ledger, Ledger) else Ledger(ledger, accountant=loaded.accountant)
     except BaseException:
         engine.close()
         raise
-    return Connection(engine, loaded, analyst, book, noise_source=noise_source)
+    try:
+        return Connection(engine, loaded, analyst, book, noise_source=noise_source, repeats=repeats)
+    except BaseException:
+        engine.close()
+        if book is not ledger:
+            book.close()
+        raise

@@ -94,6 +94,7 @@ def make_demo_database(
     for stale in (path, path.with_name(path.name + ".wal")):
         stale.unlink(missing_ok=True)
     with duckdb.connect(str(path)) as con:
+        con.execute("SET enable_progress_bar = false")
         con.register("visits_arrow", visits)
         con.execute(
             "CREATE TABLE visits AS SELECT user_id::BIGINT AS user_id, region::VARCHAR AS region,"

@@ -27,7 +27,7 @@ from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace
 
 MeasurementKind = Literal["count_rows", "count_values", "count_units", "sum", "sum_centred", "sum_squares"]
 AggregateFunction = Literal[
-    "count", "count_distinct", "sum", "avg", "var_pop", "var_samp", "stddev_pop", "stddev_samp"
+    "count", "count_distinct", "sum", "avg", "var_pop", "var_samp", "stddev_pop", "stddev_samp", "value"
 ]
 
 #: The alias of the source table in bounded SQL; row predicates refer to it.
@@ -41,6 +41,7 @@ __all__ = [
     "QueryPlan",
     "Selection",
     "Source",
+    "ValueRelease",
 ]
 
 
@@ -192,6 +193,44 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class ValueRelease:
+    """An order statistic or registered UDF, answered per group from the values themselves
+    (:mod:`dpsql.udf`): PTR, smooth sensitivity or sample-and-aggregate, picked per group
+    from a noisy unit count.
+
+    Attributes:
+        name: its aggregate column in the noisy table.
+        target: a :class:`~dpsql.udf.QuantileSpec` or a registered :class:`~dpsql.udf.UDF`.
+        column: the policy column whose values it reads; ``source`` its table's alias.
+        epsilon: epsilon per group (the query's share divided by the groups a unit may
+            touch): 5% of it buys the noisy unit count, the rest the answer.
+        delta: delta per group, likewise.
+        rows_per_unit: the most values one unit contributes to one group.
+    """
+
+    name: str
+    target: object
+    column: str
+    source: str
+    epsilon: float
+    delta: float
+    rows_per_unit: int
+
+    #: the share of a release's epsilon spent on its noisy unit count
+    COUNT_SHARE = 0.05
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "measurement": "value_release",
+            "function": getattr(self.target, "name", "udf"),
+            "column": self.column,
+            "mechanism": "udf_auto",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+        }
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """One aggregate call of the analyst's query, computed from measurements.
 
@@ -257,6 +296,7 @@ class QueryPlan:
     selection: Selection | None = None
     sources: tuple[Source, ...] = ()
     unit_is_row: bool = False
+    value_releases: tuple[ValueRelease, ...] = ()
     notes: tuple[str, ...] = field(default=())
 
     def measurement(self, name: str) -> Measurement:

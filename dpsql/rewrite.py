@@ -31,10 +31,10 @@ import sqlglot.expressions as exp
 
 from dpsql.calibrate import clip_range, midpoint, square_offset
 from dpsql.engine import Engine
-from dpsql.plan import Measurement, QueryPlan, Source
+from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.predicates import family
 
-__all__ = ["bounded_query", "new_salt"]
+__all__ = ["bounded_query", "new_salt", "value_query"]
 
 _LIMIT = 2**62
 
@@ -82,13 +82,16 @@ def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> e
     return _final(plan, pairs, per_row=False)
 
 
-def _rows(plan: QueryPlan, engine: Engine) -> exp.Select:
-    query = exp.select(*_row_projections(plan, engine)).from_(_aliased(engine, plan.sources[0]))
+def _rows(
+    plan: QueryPlan, engine: Engine, projections: list[exp.Expression] | None = None, filter_keys: bool = False
+) -> exp.Select:
+    projections = _row_projections(plan, engine) if projections is None else projections
+    query = exp.select(*projections).from_(_aliased(engine, plan.sources[0]))
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
         query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
     conditions = [plan.where.copy()] if plan.where is not None else []
-    if plan.sample_groups or plan.selection is not None:
+    if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
         for key in plan.group_keys:
@@ -96,6 +99,53 @@ def _rows(plan: QueryPlan, engine: Engine) -> exp.Select:
                 conditions.append(exp.In(this=column.copy(), expressions=[exp.convert(v) for v in values]))
     if conditions:
         query = query.where(exp.and_(*conditions), copy=False)
+    return query
+
+
+def _unit(plan: QueryPlan, engine: Engine) -> exp.Expression:
+    primary = plan.sources[0].alias
+    return _col(plan.unit_column, primary) if plan.unit_column is not None else engine.row_id(primary)
+
+
+def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: int | None = None) -> exp.Select:
+    """The values an order statistic or UDF reads: one row per kept value, with the group
+    keys and an opaque unit id (``hash(unit)``, for sample-and-aggregate's blocks).
+
+    Each unit keeps at most ``rows_per_unit`` of its non-NULL values per group and at most
+    ``max_groups_per_unit`` groups, both chosen by keyed hashes with a fresh secret salt
+    (here the values themselves are released by the mechanism, so rows must be sampled,
+    not weighed).
+    """
+    salt = new_salt() if salt is None else salt
+    unit = _unit(plan, engine)
+    column = _col(release.column, release.source)
+    row_ids = [engine.row_id(source.alias) for source in plan.sources]
+    keys = [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
+    projections = [
+        exp.alias_(unit.copy(), "__u", quoted=True),
+        exp.alias_(_keyed_hash(salt, unit.copy(), *row_ids), "__h", quoted=True),
+        *keys,
+        exp.alias_(exp.cast(column.copy(), exp.DataType.build("DOUBLE")), "__v", quoted=True),
+    ]
+    rows = _rows(plan, engine, projections, filter_keys=True)
+    rows = rows.where(exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null())), copy=False)
+    key_cols = [_col(k.name) for k in plan.group_keys]
+    per_group = exp.Window(
+        this=exp.RowNumber(),
+        partition_by=[_col("__u"), *[k.copy() for k in key_cols]],
+        order=exp.Order(expressions=[exp.Ordered(this=_col("__h"))]),
+    )
+    groups = exp.Window(
+        this=exp.Anonymous(this="dense_rank", expressions=[]),
+        partition_by=[_col("__u")],
+        order=exp.Order(expressions=[exp.Ordered(this=_keyed_hash(salt ^ 0x3C3C3C3C3C3C3C3, _col("__u"), *[k.copy() for k in key_cols]))]),
+    )
+    query = exp.select(*[k.copy() for k in key_cols], exp.alias_(_func("hash", _col("__u")), "__id", quoted=True), _col("__v"))
+    query = query.from_(rows.subquery("__rows"))
+    keep = exp.LTE(this=per_group, expression=_int(release.rows_per_unit))
+    if plan.group_keys:
+        keep = exp.and_(keep, exp.LTE(this=groups, expression=_int(plan.max_groups_per_unit)))
+    query.set("qualify", exp.Qualify(this=keep))
     return query
 
 
@@ -108,9 +158,7 @@ def _aliased(engine: Engine, source: Source) -> exp.Table:
 def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expression]:
     projections: list[exp.Expression] = []
     if plan.unit_column is not None or plan.unit_is_row:
-        primary = plan.sources[0].alias
-        unit = _col(plan.unit_column, primary) if plan.unit_column is not None else engine.row_id(primary)
-        projections.append(exp.alias_(unit.copy(), "__u", quoted=True))
+        projections.append(exp.alias_(_unit(plan, engine), "__u", quoted=True))
     for key in plan.group_keys:
         projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
     tables = {source.alias: source.table for source in plan.sources}
@@ -221,5 +269,7 @@ def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
         projections.append(exp.alias_(exp.cast(saturated, exp.DataType.build("BIGINT")), m.name, quoted=True))
     if plan.selection is not None:  # distinct units per group: one row per kept (unit, group)
         projections.append(exp.alias_(exp.Count(this=exp.Star()), plan.selection.name, quoted=True))
+    if not projections:  # only order statistics / UDFs, no keys: one row, nothing measured
+        projections.append(exp.alias_(exp.Count(this=exp.Star()), "__rows", quoted=True))
     query = exp.select(*projections).from_(source.subquery("__src"))
     return query.group_by(*keys) if keys else query

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import queue
@@ -20,16 +21,23 @@ from typing import Any
 import pytest
 
 from dpsql.accounting import (
+    Accountant,
     BasicAccountant,
     BudgetStatus,
     Charge,
+    GroupPrivacy,
     Ledger,
+    accountant_named,
+    gaussian_mu,
     delta_to_units_up,
     epsilon_to_units_up,
     units_to_delta,
     units_to_epsilon,
 )
 from dpsql.errors import BudgetExceeded, Error, InternalError
+
+# dpsql.pld (and dp-accounting, slow to import) is imported only by the tests that use it,
+# so the processes spawned below start quickly.
 
 
 @dataclass(frozen=True)
@@ -113,32 +121,45 @@ def test_bad_budget_is_an_internal_error(budget: Budget) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Accountant contract: every accountant must pass these (a PLD accountant joins later)
+# Accountant contract: every accountant must pass these
 # ---------------------------------------------------------------------------------------
 
-ACCOUNTANTS = [BasicAccountant]
+ACCOUNTANTS = ["basic", "pld"]
+GAUSSIAN = {"mechanism": "gaussian", "epsilon": 0.0, "mu": 0.05, "sensitivity": 4096}
 
 
-@pytest.fixture(params=ACCOUNTANTS, ids=lambda cls: cls.name)
-def accountant(request: pytest.FixtureRequest) -> BasicAccountant:
-    return request.param()
+@pytest.fixture(params=ACCOUNTANTS)
+def accountant(request: pytest.FixtureRequest) -> Accountant:
+    return accountant_named(request.param)
 
 
-def test_accountant_composes_nothing_to_zero(accountant: BasicAccountant) -> None:
+def test_accountant_composes_nothing_to_zero(accountant: Accountant) -> None:
     assert accountant.compose([]) == (0.0, 0.0)
+    assert accountant.compose([], target_delta=1e-6) == (0.0, 0.0)
 
 
-def test_accountant_one_event_costs_at_most_its_own_amounts(
-        accountant: BasicAccountant) -> None:
-    epsilon, delta = accountant.compose([Charge(0.5, 1e-6, "q", (LAPLACE,))])
-    assert epsilon <= 0.5 and delta <= 1e-6
+def test_accountant_one_event_costs_at_most_its_own_amounts(accountant: Accountant) -> None:
+    event = Charge(0.5, 1e-6, "q", (LAPLACE,))
+    for target in (None, 1e-6, 1e-3):
+        epsilon, delta = accountant.compose([event], target_delta=target)
+        assert epsilon <= 0.5 and delta <= 1e-6 if target is None else delta <= target
 
 
-def test_accountant_is_monotone(accountant: BasicAccountant) -> None:
-    events = [Charge(0.1 * (i + 1), 1e-7, "q", (LAPLACE,)) for i in range(5)]
-    composed = [accountant.compose(events[:n]) for n in range(len(events) + 1)]
+@pytest.mark.parametrize("mechanism", [LAPLACE, GAUSSIAN, {"mechanism": "ptr"}])
+def test_accountant_is_monotone_at_a_fixed_delta(accountant: Accountant,
+                                                 mechanism: dict[str, Any]) -> None:
+    events = [Charge(0.1 * (i + 1), 1e-7, "q", (mechanism,)) for i in range(5)]
+    composed = [accountant.compose(events[:n], target_delta=1e-5) for n in range(6)]
     for before, after in zip(composed, composed[1:]):
-        assert after[0] >= before[0] and after[1] >= before[1]
+        assert after[0] >= before[0]
+
+
+@pytest.mark.parametrize("mechanism", [LAPLACE, GAUSSIAN, {"mechanism": "threshold"}])
+def test_accountant_is_never_worse_than_basic_composition(accountant: Accountant,
+                                                          mechanism: dict[str, Any]) -> None:
+    events = [Charge(0.1, 1e-8, "q", (mechanism,))] * 20
+    epsilon, delta = accountant.compose(events, target_delta=1e-6)
+    assert epsilon <= 2.0 and delta <= 1e-6
 
 
 def test_basic_accountant_adds_exactly() -> None:
@@ -317,23 +338,109 @@ class RecordingAccountant:
 
     def __init__(self) -> None:
         self.calls: list[list[Charge]] = []
+        self.targets: list[float | None] = []
 
-    def compose(self, events: Sequence[Charge]) -> tuple[float, float]:
+    def compose(self, events: Sequence[Charge],
+                target_delta: float | None = None) -> tuple[float, float]:
         self.calls.append(list(events))
+        self.targets.append(target_delta)
         return sum(e.epsilon for e in events), sum(e.delta for e in events)
 
 
 def test_a_float_accountant_plugs_in_and_sees_stored_events_plus_the_new_one() -> None:
     accountant = RecordingAccountant()
-    budget = Budget(0.25, 0.0)
+    budget = Budget(0.25, 1e-6)
     with Ledger(accountant=accountant) as ledger:
         ledger.charge("alice", budget, tenth("first"))
         ledger.charge("alice", budget, tenth("second"))
         assert [c.query for c in accountant.calls[-1]] == ["first", "second"]
         assert accountant.calls[-1][0].mechanisms == (LAPLACE,)
+        assert accountant.targets[-1] == 1e-6        # asked at the budget's delta
         with pytest.raises(BudgetExceeded, match="short by epsilon=0.05"):
             ledger.charge("alice", budget, tenth("third"))
         assert repr(ledger) == "Ledger(':memory:', accountant='recording')"
+        assert ledger.status("alice", budget).accountant == "recording"
+
+
+def test_refusal_under_a_composing_accountant_shows_the_composition() -> None:
+    with Ledger(accountant=RecordingAccountant()) as ledger:
+        ledger.charge("alice", Budget(0.25, 1e-6), Charge(0.125, 0.0, "q"))
+        message = ("but only epsilon=0.125, delta=1e-06 remain (short by epsilon=0.125). "
+                   "Composed by the recording accountant at the budget's delta=1e-06, "
+                   "everything spent plus this query is epsilon=0.375, delta=0. Ask for")
+        with pytest.raises(BudgetExceeded, match=re.escape(message)):
+            ledger.charge("alice", Budget(0.25, 1e-6), Charge(0.25, 0.0, "q"))
+
+
+# ---------------------------------------------------------------------------------------
+# Dry runs, statuses, accountants by name
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["basic", "pld"])
+def test_check_is_a_dry_run_of_charge(name: str) -> None:
+    budget = Budget(0.25, 0.0)
+    with Ledger(accountant=accountant_named(name)) as ledger:
+        ledger.charge("alice", budget, tenth())
+        would = ledger.check("alice", budget, tenth())
+        assert would.queries == 2 and would.epsilon_spent == 0.2
+        assert ledger.status("alice", budget).queries == 1       # nothing written
+        assert ledger.charge("alice", budget, tenth()) == would
+        with pytest.raises(BudgetExceeded, match="short by epsilon=0.05"):
+            ledger.check("alice", budget, tenth())
+        assert len(ledger.events("alice")) == 2
+
+
+def test_accountant_named_knows_basic_and_pld_only() -> None:
+    from dpsql.pld import PLDAccountant
+
+    assert isinstance(accountant_named("basic"), BasicAccountant)
+    assert isinstance(accountant_named("pld"), PLDAccountant)
+    with pytest.raises(Error, match="Unknown accountant 'rdp'; use one of 'basic', 'pld'"):
+        accountant_named("rdp")
+
+
+def test_status_is_backward_compatible_and_names_its_accountant() -> None:
+    old_style = BudgetStatus("a", 0.1, 0.0, 1.0, 0.0, 0.9, 0.0, 1)
+    assert old_style.accountant == "basic" and old_style.mu is None
+    with Ledger() as ledger:
+        assert ledger.charge("a", Budget(1.0, 0.0), tenth()) == old_style
+
+
+def test_status_gives_the_gaussian_mu_only_when_everything_is_gaussian() -> None:
+    gaussian = Charge(0.5, 1e-7, "q", (GAUSSIAN, GAUSSIAN))     # two measurements
+    with Ledger() as ledger:
+        budget = Budget(10.0, 1e-5)
+        assert ledger.status("a", budget).mu is None              # nothing spent
+        ledger.charge("a", budget, Charge(0.0, 0.0, "free"))
+        assert ledger.status("a", budget).mu is None
+        ledger.charge("a", budget, gaussian)
+        status = ledger.charge("a", budget, gaussian)
+        assert status.mu == pytest.approx(0.05 * 2)               # sqrt(4 * 0.05^2)
+        assert ledger.status("a", budget).mu == status.mu
+        assert ledger.charge("a", budget, tenth()).mu is None      # a Laplace event
+
+
+def test_gaussian_mu_needs_every_measurement_gaussian() -> None:
+    assert gaussian_mu([]) is None
+    assert gaussian_mu([Charge(1.0, 1e-6, "q", (GAUSSIAN,))]) == 0.05
+    assert gaussian_mu([Charge(1.0, 1e-6, "q", (GAUSSIAN, LAPLACE))]) is None
+    assert gaussian_mu([Charge(1.0, 1e-6, "q")]) is None          # no description
+    assert gaussian_mu([Charge(1.0, 1e-6, "q", ({"mechanism": "gaussian", "mu": -1},))]) is None
+
+
+def test_group_privacy_formulas() -> None:
+    pure = BudgetStatus("a", 0.5, 0.0, 1.0, 0.0, 0.5, 0.0, 2)
+    assert pure.group_privacy(3) == GroupPrivacy(3, 1.5, 0.0, None)
+    approx = BudgetStatus("a", 0.5, 1e-6, 1.0, 1e-5, 0.5, 9e-6, 2, mu=0.25)
+    group = approx.group_privacy(3)
+    assert group.epsilon == 1.5 and group.mu == 0.75
+    assert group.delta == pytest.approx(3 * math.exp(2 * 0.5) * 1e-6)
+    assert approx.group_privacy(1) == GroupPrivacy(1, 0.5, 1e-6, 0.25)
+    assert BudgetStatus("a", 50.0, 0.1, 1.0, 1.0, 0, 0, 1).group_privacy(20).delta == 1.0
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(Error, match="positive whole number of units"):
+            approx.group_privacy(bad)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------

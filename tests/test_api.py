@@ -26,7 +26,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_public_names_are_pinned() -> None:
     assert dpsql.__all__ == sorted(dpsql.__all__)
     assert set(dpsql.__all__) == {
-        "AuthenticationError", "BudgetExceeded", "BudgetStatus", "Connection", "Error",
+        "AuthenticationError", "BudgetExceeded", "BudgetStatus", "Client", "Connection", "Error",
         "InternalError", "Ledger", "Policy", "PolicyError", "PolicyViolation", "QueryRejected",
         "Result", "__version__", "connect", "load_policy",
     }
@@ -106,7 +106,7 @@ def test_explain_reads_no_data_and_charges_nothing(db: Path) -> None:
     with dpsql.connect(db, policy=POLICY, analyst="alice") as conn:
         explanation = conn.explain(SQL, epsilon=0.5)
         assert explanation.epsilon == 0.5
-        assert "min_by" in explanation.bounded_sql.lower() or "MIN_BY" in explanation.bounded_sql
+        assert "LEAST(COUNT(*), 10)" in explanation.bounded_sql  # the row cap
         assert conn.budget().queries == 0
 
 

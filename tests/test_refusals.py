@@ -140,7 +140,7 @@ def test_bad_budget_parameters(conn, kwargs: dict, error: type, pattern: str) ->
 
 
 def test_budget_exceeded_charges_nothing_and_says_by_how_much(db: Path) -> None:
-    with dpsql.connect(db, policy=POLICY, analyst="bob") as conn:  # default budget: epsilon 5
+    with dpsql.connect(db, policy=POLICY, analyst="bob", repeats=False) as conn:  # budget: epsilon 5
         for _ in range(5):
             conn.execute("SELECT COUNT(*) FROM visits", epsilon=1.0)
         before = conn.budget()

@@ -122,7 +122,10 @@ def independent_gdp_mu(epsilon: float, delta: float) -> float:
 
 
 def connect(data: StatsData, policy: Policy | Path, seed: int, path: Path | None = None) -> dpsql.Connection:
-    return dpsql.connect(path or data.path, policy=policy, analyst="a", ledger=None, noise_source=SeededRandom(seed))
+    # repeats=False: these tests run one query many times and need fresh noise each time
+    return dpsql.connect(
+        path or data.path, policy=policy, analyst="a", ledger=None, noise_source=SeededRandom(seed), repeats=False
+    )
 
 
 def measurement_of(plan: QueryPlan, output: str) -> Measurement:

@@ -1,0 +1,264 @@
+"""How much does dpsql cost over plain DuckDB? The benchmark behind DESIGN.md §7.
+
+On the demo data (10M rows, 200k units by default; generated once and cached under
+``benchmarks/data/``) it times one query,
+
+    SELECT region, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region
+
+four ways, on one machine in one run:
+
+- ``raw``: the query as is, on DuckDB (no privacy at all);
+- ``floor``: the pass every user-level DP system pays, one ``GROUP BY unit, group``
+  feeding the group aggregate, written by hand;
+- ``bounded``: the bounding shape ``benchmarks/bounding_strategies.py`` recommends,
+  written by hand (clipping, fixed point, caps, AVG as a centred sum; no noise);
+- ``dpsql``: ``dpsql.connect(...).execute(sql, epsilon=1.0)``, everything included.
+
+It also times the fixed cost of a query on a tiny table (the same query on 1,000 rows,
+median of 200 runs), raw and through dpsql. The target: dpsql within 2x the floor.
+
+    python benchmarks/bench_core.py                    # Markdown table on stdout
+    python benchmarks/bench_core.py --write            # ... also appended to benchmarks/RESULTS.md
+    python benchmarks/bench_core.py --rows 1000000 --units 100000 --repeat 3
+
+If ``dpsql.connect`` cannot be imported or used yet, the dpsql rows are skipped (the reason
+is printed) and the rest still runs. dpsql runs with an in-memory ledger (``ledger=None``)
+and ``repeats=False``, so that every run is a fresh, charged answer rather than a free
+repeat of the first one (the tiny-table section also times the free repeat). When the demo
+budget runs out the connection is reopened and the refused run is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from dpsql.demo import demo_database  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+QUERY = "SELECT region, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region"
+
+FLOOR = """
+SELECT region, sum(n), sum(s), sum(s) / sum(c) FROM (
+    SELECT user_id, region, count(*) AS n, sum(income) AS s, count(income) AS c
+    FROM visits GROUP BY ALL
+) GROUP BY region"""
+
+# The recommended shape (see benchmarks/README.md), with the demo policy's numbers:
+# income in [0, 250000], 2^20 fixed point, 10 rows and 4 groups per unit, four public
+# regions (<= 4, so no L0 step), AVG from a sum centred on the midpoint 125000.
+_V = (
+    "CASE WHEN income IS NULL OR isnan(income) THEN NULL"
+    " ELSE CAST(ROUND(LEAST(GREATEST(income, 0), 250000) * 1048576) AS BIGINT) END"
+)
+BOUNDED = f"""
+SELECT g, sum(n), sum(s), sum(sc), sum(m) FROM (
+    SELECT user_id, g,
+        least(count(*), 10) AS n,
+        (sum(v) * least(count(v), 10)) // count(v) AS s,
+        (sum(v - 131072000000) * least(count(v), 10)) // count(v) AS sc,
+        least(count(v), 10) AS m
+    FROM (SELECT user_id, region AS g, {_V} AS v FROM visits)
+    GROUP BY user_id, g
+) GROUP BY g"""
+
+
+@dataclass
+class Row:
+    label: str
+    wall: list[float]
+    cpu: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.wall)
+
+    @property
+    def median_cpu(self) -> float:
+        return statistics.median(self.cpu)
+
+
+def measure(label: str, run: Callable[[], object], repeat: int, warmup: int = 1) -> Row:
+    for _ in range(warmup):
+        run()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        c0, w0 = time.process_time(), time.perf_counter()
+        run()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return Row(label, wall, cpu)
+
+
+class DpsqlRunner:
+    """Runs a query through dpsql; when the budget runs out, reopens the connection."""
+
+    def __init__(self, db: Path, policy: Path, epsilon: float, repeats: bool = False) -> None:
+        import dpsql  # noqa: PLC0415 - optional until the package is complete
+
+        self.budget_exceeded: type[Exception] = dpsql.BudgetExceeded
+
+        def connect():  # noqa: ANN202 - dpsql.Connection
+            kwargs = dict(policy=str(policy), analyst="bench", ledger=None)
+            try:  # repeats=False: every run is a fresh, charged answer, not a cache hit
+                return dpsql.connect(str(db), **kwargs, repeats=repeats)
+            except TypeError:  # a dpsql without free repeats
+                return dpsql.connect(str(db), **kwargs)
+
+        self._connect = connect
+        self._epsilon = epsilon
+        self._conn = self._connect()
+
+    def __call__(self, sql: str) -> object:
+        """Run ``sql`` once; on BudgetExceeded reopen the connection and re-raise."""
+        try:
+            return self._conn.execute(sql, epsilon=self._epsilon).fetchall()
+        except self.budget_exceeded:
+            self._conn.close()
+            self._conn = self._connect()
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def timed_dpsql(label: str, runner: DpsqlRunner, sql: str, repeat: int) -> Row:
+    """Like :func:`measure`; a run refused for lack of budget is dropped and redone."""
+    wall: list[float] = []
+    cpu: list[float] = []
+    warm, refused_in_a_row = False, 0
+    while len(wall) < repeat:
+        c0, w0 = time.process_time(), time.perf_counter()
+        try:
+            runner(sql)
+        except runner.budget_exceeded:
+            refused_in_a_row += 1
+            if refused_in_a_row > 1:  # refused on a fresh connection too: it never fits
+                raise
+            continue
+        refused_in_a_row = 0
+        if warm:
+            wall.append(time.perf_counter() - w0)
+            cpu.append(time.process_time() - c0)
+        warm = True
+    return Row(label, wall, cpu)
+
+
+def open_dpsql(db: Path, policy: Path, epsilon: float, repeats: bool = False) -> tuple[DpsqlRunner | None, str]:
+    try:
+        runner = DpsqlRunner(db, policy, epsilon, repeats)
+        runner(QUERY)  # fail here, not halfway through the table
+    except Exception as exc:  # noqa: BLE001 - any failure means: skip dpsql, say why
+        return None, f"dpsql skipped: {type(exc).__name__}: {exc}"
+    return runner, ""
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, Python {platform.python_version()}, duckdb {duckdb.__version__}"
+
+
+def report(big: list[Row], tiny: list[Row], args: argparse.Namespace, notes: list[str]) -> str:
+    raw = next(r for r in big if r.label == "raw")
+    floor = next(r for r in big if r.label == "floor")
+    out = [
+        f"## bench_core, {time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        f"{machine()}; load average {os.getloadavg()[0]:.1f}",
+        "",
+        f"`{QUERY}` on {args.rows:,} rows / {args.units:,} units, median of {args.repeat} runs:",
+        "",
+        "| engine | wall s | cpu s | x raw | x floor | cpu x floor |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in big:
+        out.append(
+            f"| {r.label} | {r.median:.3f} | {r.median_cpu:.2f} | {r.median / raw.median:.1f} |"
+            f" {r.median / floor.median:.2f} | {r.median_cpu / floor.median_cpu:.2f} |"
+        )
+    out += ["", f"Fixed cost, the same query on a 1,000-row table, median of {args.tiny_runs} runs:", ""]
+    out += ["| engine | median ms | p90 ms |", "|---|---:|---:|"]
+    for r in tiny:
+        p90 = statistics.quantiles(r.wall, n=10)[-1] if len(r.wall) > 1 else r.wall[0]
+        out.append(f"| {r.label} | {r.median * 1e3:.2f} | {p90 * 1e3:.2f} |")
+    out += [""] + notes
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--units", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--tiny-runs", type=int, default=200)
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--policy", type=Path, default=ROOT / "policies" / "demo.toml")
+    parser.add_argument("--write", action="store_true", help=f"also append the table to {RESULTS}")
+    args = parser.parse_args(argv)
+
+    big_db = demo_database(DATA_DIR / f"visits_{args.rows}x{args.units}.duckdb", rows=args.rows, units=args.units)
+    tiny_db = demo_database(DATA_DIR / "visits_1000x100.duckdb", rows=1000, units=100)
+    notes: list[str] = []
+
+    def raw_runner(db: Path) -> Callable[[str], object]:
+        con = duckdb.connect(str(db), read_only=True)
+        con.execute("SET enable_progress_bar = false")
+        return lambda sql: con.sql(sql).fetchall()
+
+    raw_big, raw_tiny = raw_runner(big_db), raw_runner(tiny_db)
+    big = [
+        measure("raw", lambda: raw_big(QUERY), args.repeat),
+        measure("floor", lambda: raw_big(FLOOR), args.repeat),
+        measure("bounded (hand-written)", lambda: raw_big(BOUNDED), args.repeat),
+    ]
+    tiny = [measure("raw", lambda: raw_tiny(QUERY), args.tiny_runs, warmup=5)]
+
+    runs = (
+        (big_db, big, args.repeat, False, "dpsql"),
+        (tiny_db, tiny, args.tiny_runs, False, "dpsql"),
+        (tiny_db, tiny, args.tiny_runs, True, "dpsql, repeated query (free repeat)"),
+    )
+    for db, rows, repeat, repeats, label in runs:
+        runner, why = open_dpsql(db, args.policy, args.epsilon, repeats)
+        if runner is None:
+            if why not in notes:
+                notes.append(why)
+            continue
+        try:
+            rows.append(timed_dpsql(label, runner, QUERY, repeat))
+        finally:
+            runner.close()
+    for note in notes:
+        print(note, file=sys.stderr)
+
+    text = report(big, tiny, args, notes)
+    print(text)
+    if args.write:
+        with RESULTS.open("a", encoding="utf-8") as f:
+            f.write("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

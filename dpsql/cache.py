@@ -1,0 +1,353 @@
+"""Free repeats: the same query on the same data gets the same noisy answer, uncharged.
+
+Without this, asking a query again would draw fresh noise, and an analyst willing to pay
+could average it away; with it, a repeat returns exactly the answer already released (and
+paid for), charges nothing, and teaches nothing new. Serving a released answer again is
+post-processing: it costs no privacy.
+
+The key
+-------
+An answer is stored under a SHA-256 of:
+
+- the analyst (answers are never shared between analysts: each pays for their own);
+- the SQL, normalised by sqlglot (parsed and printed back in the DuckDB dialect, comments
+  dropped): whitespace and the case of keywords and function names do not matter;
+  identifiers, aliases and literals do (``AS n`` and ``AS m`` are different queries);
+- the query's (epsilon, delta), after defaulting (``execute(sql)`` and
+  ``execute(sql, epsilon=default_epsilon)`` are the same query);
+- the policy's table rules (:func:`policy_fingerprint`) and the plan's noise (each
+  measurement's mechanism, sensitivity, lattice and scale), so a changed policy or a changed
+  calibration never reuses an answer;
+- the fingerprint of the data the query read (``Engine.fingerprint``: row count and two
+  sums of row hashes per table, computed by the database; see :mod:`dpsql.engine`).
+
+When answers are invalidated
+----------------------------
+- **Data changes**: the fingerprint is taken on every query (for a database opened by path,
+  which is read-only and locked against writers while open, once per table per
+  connection). The answer's fingerprint is read in the same snapshot as the query itself,
+  so an answer is never stored under data it was not computed from, and a changed table
+  never matches an old answer.
+- **Policy changes**: any change to a table's rules (bounds, caps, columns, public values,
+  privacy unit) or to how noise is calibrated. Budget changes do not invalidate (they do
+  not change an answer).
+- **Ledger reset**: each answer records the analyst's first ledger event (its id and time)
+  when it was stored; an answer is served only while the ledger still starts that way. A
+  deleted and recreated ledger therefore starts every analyst afresh.
+- **Not stored at all**: a query that uses a registered UDF (the function's code is not in
+  the key; re-registering a name must not serve the old function's answer), and an order
+  statistic whose values, read in a second statement, came from data that changed after the
+  main query's snapshot.
+- **Never**, otherwise: answers do not expire. Delete the answers file to drop them all.
+
+Where answers are kept
+----------------------
+With a ledger file, in a SQLite file beside it, ``<ledger>.answers`` (WAL,
+``synchronous=FULL``), so repeats are free across connections and processes. With an
+in-memory ledger, in memory, for the life of the connection.
+
+Concurrency and crashes
+-----------------------
+The miss path runs inside one ``BEGIN IMMEDIATE`` transaction of the answers file:
+look again (another process may have just answered), charge the ledger, build the result,
+store it, ``COMMIT``, and only then return it. Two processes asking the same new query
+therefore serialise: the first pays and stores, the second finds the stored answer and pays
+nothing, and both return the same answer. A crash before the ``COMMIT`` stores nothing and
+releases nothing (a charge already made is lost budget, never privacy): the next ask pays
+again and gets the first answer anyone saw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import sqlglot
+
+from dpsql.errors import Error
+from dpsql.policy import Policy
+from dpsql.sqlcheck import DIALECT
+
+__all__ = [
+    "ANSWERS_SUFFIX",
+    "REPEAT_NOTE",
+    "CachedAnswer",
+    "RepeatCache",
+    "normalise_sql",
+    "policy_fingerprint",
+    "repeat_key",
+]
+
+#: Bump when the key or the stored answer changes meaning: old answers are then ignored.
+CACHE_FORMAT = 1
+ANSWERS_SUFFIX = ".answers"
+REPEAT_NOTE = "repeat: served from cache, charged nothing"
+_FILE_FORMAT = "dpsql-answers"
+_BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS answers (
+        key TEXT PRIMARY KEY,
+        analyst TEXT NOT NULL,
+        query TEXT NOT NULL,
+        anchor TEXT NOT NULL,
+        time REAL NOT NULL,
+        answer BLOB NOT NULL,
+        cells TEXT NOT NULL,
+        privacy TEXT NOT NULL
+    )""",
+)
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    """An answer as it was first released: the visible table, its per-cell half-widths and
+    its privacy report (as JSON-able data: epsilon, delta, columns, notes)."""
+
+    table: pa.Table
+    cells: Mapping[str, list[float | None]]
+    time: float
+    privacy: Mapping[str, Any]
+
+
+def normalise_sql(sql: str) -> str:
+    """The SQL as sqlglot prints it back: spacing, comments and keyword case removed.
+
+    >>> normalise_sql("select  count(*) AS n\\nFROM visits -- hi")
+    'SELECT COUNT(*) AS n FROM visits'
+    >>> normalise_sql("SELECT COUNT(*) AS m FROM visits")
+    'SELECT COUNT(*) AS m FROM visits'
+    """
+    statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+    return ";\n".join(s.sql(dialect=DIALECT, comments=False) for s in statements)
+
+
+def policy_fingerprint(policy: Policy) -> str:
+    """A digest of the policy's table rules (everything that shapes an answer)."""
+    tables = sorted((name, repr(table)) for name, table in policy.tables.items())
+    return hashlib.sha256(repr(tables).encode("utf-8")).hexdigest()
+
+
+def repeat_key(
+    *,
+    analyst: str,
+    sql: str,
+    epsilon: float,
+    delta: float,
+    policy: str,
+    noise: Sequence[Mapping[str, Any]],
+    data: str,
+) -> str:
+    """The cache key of one query (see the module docstring)."""
+    parts = {
+        "format": CACHE_FORMAT,
+        "analyst": analyst,
+        "sql": normalise_sql(sql),
+        "epsilon": repr(float(epsilon)),
+        "delta": repr(float(delta)),
+        "policy": policy,
+        "noise": list(noise),
+        "data": data,
+    }
+    text = json.dumps(parts, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class RepeatCache:
+    """Released answers by key, in a SQLite file (or in memory).
+
+    Args:
+        path: the answers file, created if missing; ``None`` keeps answers in memory.
+
+    Raises:
+        Error: the file exists but is not a dpsql answers file, or cannot be opened.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = None if path is None else os.fspath(path)
+        self._lock = threading.RLock()
+        self._conn = _open(self.path)
+
+    @classmethod
+    def beside(cls, ledger_path: str | None) -> RepeatCache:
+        """The cache that goes with a ledger: ``<ledger>.answers``, or in memory."""
+        return cls(None if ledger_path is None else ledger_path + ANSWERS_SUFFIX)
+
+    def get(self, key: str, anchor: str) -> CachedAnswer | None:
+        """The answer stored under ``key`` for a ledger starting at ``anchor``, if any."""
+        with self._guarded():
+            return self._get(key, anchor)
+
+    @contextmanager
+    def claim(self) -> Iterator[_Claim]:
+        """One write transaction of the answers file (``BEGIN IMMEDIATE`` ... ``COMMIT``).
+
+        Inside it no other process can store an answer: look up, charge, store, and the
+        ``COMMIT`` makes the answer visible to every later repeat. An exception rolls back.
+        """
+        with self._guarded():
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield _Claim(self)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        """Close the file. Closing twice is harmless."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> RepeatCache:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RepeatCache({self.path or ':memory:'!r})"
+
+    # -- private ---------------------------------------------------------------------
+
+    @contextmanager
+    def _guarded(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise Error(
+                    f"the repeat cache {self!r} failed: {exc}. Check that the file is readable "
+                    "and writable, or delete it to drop every stored answer."
+                ) from exc
+
+    def _get(self, key: str, anchor: str) -> CachedAnswer | None:
+        row = self._conn.execute(
+            "SELECT answer, cells, time, privacy FROM answers WHERE key = ? AND anchor = ?", (key, anchor)
+        ).fetchone()
+        if row is None:
+            return None
+        table = ipc.open_stream(io.BytesIO(row[0])).read_all()
+        return CachedAnswer(table, restore_cells(json.loads(row[1])), float(row[2]), json.loads(row[3]))
+
+    def _put(self, key: str, anchor: str, analyst: str, sql: str, table: pa.Table,
+             cells: Mapping[str, list[float | None]], privacy: Mapping[str, Any]) -> None:
+        sink = io.BytesIO()
+        with ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        self._conn.execute(
+            "INSERT OR REPLACE INTO answers (key, analyst, query, anchor, time, answer, cells, privacy) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, analyst, sql, anchor, time.time(), sink.getvalue(), json.dumps(_jsonable(cells)),
+             json.dumps(privacy, default=_json_default)),
+        )
+
+
+class _Claim:
+    """What may be done inside :meth:`RepeatCache.claim`."""
+
+    def __init__(self, cache: RepeatCache) -> None:
+        self._cache = cache
+
+    def get(self, key: str, anchor: str) -> CachedAnswer | None:
+        return self._cache._get(key, anchor)
+
+    def put(self, key: str, anchor: str, analyst: str, sql: str, table: pa.Table,
+            cells: Mapping[str, list[float | None]], privacy: Mapping[str, Any]) -> None:
+        self._cache._put(key, anchor, analyst, sql, table, cells, privacy)
+
+
+def _jsonable(cells: Mapping[str, list[float | None]]) -> dict[str, list[float | str | None]]:
+    """JSON has no NaN or infinity: keep them as strings ``float()`` reads back."""
+    def one(v: float | None) -> float | str | None:
+        return v if v is None or math.isfinite(v) else repr(float(v))
+
+    return {name: [one(v) for v in values] for name, values in cells.items()}
+
+
+def _json_default(value: object) -> object:
+    """numpy scalars and other odd values in a privacy report: as numbers, else text."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def restore_cells(cells: Mapping[str, list[Any]]) -> dict[str, list[float | None]]:
+    """Undo :func:`_jsonable`."""
+    return {name: [v if v is None else float(v) for v in values] for name, values in cells.items()}
+
+
+def _open(path: str | None) -> sqlite3.Connection:
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise Error(f"cannot keep repeat answers in {path!r}: its directory does not exist.")
+    try:
+        conn = sqlite3.connect(path or ":memory:", isolation_level=None, check_same_thread=False,
+                               timeout=_BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as exc:
+        raise Error(f"cannot open the repeat cache {path!r}: {exc}.") from exc
+    try:
+        _prepare_patiently(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise Error(f"cannot open the repeat cache {path!r}: {exc}. Delete the file to start afresh.") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _prepare_patiently(conn: sqlite3.Connection, path: str | None) -> None:
+    """:func:`_prepare`, retried while another process is creating the same file (switching
+    a new file to WAL can fail at once with "database is locked")."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            _prepare(conn, path)
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() > deadline:
+                raise
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            time.sleep(0.005 + 0.01 * random.random())
+
+
+def _prepare(conn: sqlite3.Connection, path: str | None) -> None:
+    conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if tables and not {"meta", "answers"} <= tables:
+        raise Error(f"{path!r} is not a dpsql repeat-answers file; move it away or choose another ledger path.")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', ?)", (_FILE_FORMAT,))
+        fmt = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()[0]
+        if fmt != _FILE_FORMAT:
+            raise Error(f"{path!r} is not a dpsql repeat-answers file; move it away or choose another ledger path.")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

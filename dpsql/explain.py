@@ -1,0 +1,354 @@
+"""Dry runs: what a query would cost, use and be accurate to, before any data is read.
+
+Everything here works on the :class:`~dpsql.plan.QueryPlan` alone (plus the ledger's record
+of past charges, to show how the accountant would compose the new one). Plans are pure, so
+:func:`smallest_epsilon` can plan a query at many epsilons and bisect for the cheapest one
+that meets a target accuracy.
+
+Expected accuracy. A bare COUNT or SUM column's 95% half-width is known from the plan: it is
+exactly what :mod:`dpsql.release` will report. An AVG's depends on the count it divides by,
+which is data: :meth:`Explanation.half_width_for` gives it for an assumed count (the
+group's number of rows after contribution bounding) and an assumed mean, by default the
+worst case (a mean on one of the bounds), with the same formula the release uses
+(:func:`dpsql.release.average_half_width`). A public group key has half-width 0; an
+expression over several aggregates has none.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sqlglot.expressions as exp
+
+from dpsql.accounting import Charge
+from dpsql.errors import Error
+from dpsql.plan import Aggregate, QueryPlan
+from dpsql.release import average_half_width, count_half_width, half_width
+from dpsql.result import PrivacyReport
+
+__all__ = ["ColumnExplanation", "Composition", "Explanation", "column_half_width", "smallest_epsilon"]
+
+#: The search for an epsilon stops when the bracket is this tight (relative).
+_EPSILON_PRECISION = 1e-9
+#: The smallest epsilon searched, relative to the policy's cap.
+_LOWEST_EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class ColumnExplanation:
+    """How one output column would be protected, and how accurate it would be.
+
+    Attributes:
+        mechanism: "laplace", "gaussian", "public" (a listed key), "none", or several
+            joined by "+" for an expression over aggregates of different mechanisms.
+        noise_std: the noise's standard deviation in the column's units, for a bare COUNT
+            or SUM; ``None`` where it depends on the data or is not defined.
+        half_width: the expected 95% half-width; ``None`` when it depends on the data
+            (see ``depends_on``).
+        depends_on: ``""`` (known now), ``"count"`` (AVG: use
+            :meth:`Explanation.half_width_for`) or ``"data"`` (expressions, other aggregates).
+        measurements: the noisy quantities behind the column (JSON-able dicts).
+    """
+
+    mechanism: str
+    noise_std: float | None
+    half_width: float | None
+    depends_on: str = ""
+    measurements: tuple[dict[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class Composition:
+    """The analyst's spending as the ledger's accountant composes it, before and after."""
+
+    accountant: str
+    before: tuple[float, float]
+    after: tuple[float, float]
+    budget: tuple[float, float]
+
+    @property
+    def epsilon(self) -> float:
+        """What the query adds to the composed epsilon (at most its own epsilon)."""
+        return max(0.0, self.after[0] - self.before[0])
+
+    @property
+    def delta(self) -> float:
+        return max(0.0, self.after[1] - self.before[1])
+
+    @property
+    def fits(self) -> bool:
+        """Whether the budget would still cover everything spent."""
+        return self.after[0] <= self.budget[0] * (1 + 1e-12) and self.after[1] <= self.budget[1] * (1 + 1e-12)
+
+
+class Explanation:
+    """What a query would be charged, the mechanisms it would use, its bounded SQL and its
+    expected accuracy, computed without reading data or spending budget.
+
+    Attributes:
+        plan: the query plan.
+        epsilon, delta: the query's own (epsilon, delta): what the ledger records for it.
+        mechanism: "laplace" or "gaussian".
+        composition: how the ledger's accountant would compose the charge with what the
+            analyst has spent (``composition.after``, ``composition.epsilon`` added,
+            ``composition.fits``); ``None`` when the accountant cannot say.
+        bounded_sql: the rewritten SQL, with a placeholder salt (the real one is secret and
+            fresh per query).
+        mechanisms: per measurement (``__m0`` ...), its mechanism, sensitivity and noise.
+        privacy: per output column, as a result's ``privacy`` would show it.
+        columns: per output column, a :class:`ColumnExplanation` with its expected accuracy.
+        accuracy: per aggregate call of the SQL (``"COUNT(*)"`` ...), the expected 95%
+            half-width of those known before reading data (COUNT, SUM).
+    """
+
+    def __init__(
+        self,
+        plan: QueryPlan,
+        bounded_sql: str,
+        privacy: PrivacyReport,
+        composition: Composition | None = None,
+        replan: Callable[[float], QueryPlan] | None = None,
+        max_epsilon: float | None = None,
+    ) -> None:
+        self.plan = plan
+        self.epsilon = plan.epsilon
+        self.delta = plan.delta
+        self.mechanism = plan.mechanism
+        self.composition = composition
+        self.bounded_sql = bounded_sql
+        self.mechanisms = {m.name: m.describe() for m in plan.measurements}
+        selection = getattr(plan, "selection", None)
+        if selection is not None:
+            self.mechanisms[selection.name] = selection.describe()
+        self.privacy = privacy
+        self.columns = _column_explanations(plan, self.privacy)
+        self.accuracy = {
+            a.sql: hw for a in plan.aggregates if (hw := _aggregate_half_width(plan, a)) is not None
+        }
+        self._replan = replan
+        self._max_epsilon = max_epsilon
+
+    def half_width_for(self, column: str, count: float | None = None, mean: float | None = None) -> float:
+        """The expected 95% half-width of an output column.
+
+        Args:
+            column: the output column's name.
+            count: for an AVG, the number of rows averaged in a group (after contribution
+                bounding); ignored otherwise.
+            mean: for an AVG, the assumed mean; default: the worst case, a bound.
+
+        Raises:
+            Error: an unknown column, an AVG without ``count``, or an expression.
+        """
+        return column_half_width(self.plan, column, count=count, mean=mean)
+
+    def epsilon_for(self, column: str, half_width: float, count: float | None = None,
+                    mean: float | None = None) -> float:
+        """The smallest epsilon (at this delta) meeting ``half_width``; see
+        :meth:`dpsql.connection.Connection.epsilon_for`."""
+        if self._replan is None or self._max_epsilon is None:
+            raise Error("this explanation cannot re-plan; use Connection.epsilon_for instead.")
+        return smallest_epsilon(self._replan, column, half_width, self._max_epsilon, count=count, mean=mean)
+
+    def __repr__(self) -> str:
+        lines = [f"Explanation(epsilon={self.epsilon:g}, delta={self.delta:g}, mechanism={self.mechanism})"]
+        if self.composition is not None:
+            c = self.composition
+            lines.append(
+                f"  {c.accountant} accountant: spent epsilon={c.before[0]:g}, delta={c.before[1]:g} -> "
+                f"epsilon={c.after[0]:g}, delta={c.after[1]:g} of ({c.budget[0]:g}, {c.budget[1]:g})"
+                + ("" if c.fits else "  OVER BUDGET")
+            )
+        for name, col in self.columns.items():
+            accuracy = {"": f"±{col.half_width:.4g} (95%)" if col.half_width is not None else "",
+                        "count": "± depends on the count: half_width_for(column, count=...)",
+                        "data": "± depends on the data"}[col.depends_on]
+            lines.append(f"  {name}: {col.mechanism} {accuracy}".rstrip())
+        return "\n".join(lines)
+
+
+# -- per column -----------------------------------------------------------------------
+
+
+def column_half_width(plan: QueryPlan, column: str, *, count: float | None = None,
+                      mean: float | None = None) -> float:
+    """The expected 95% half-width of output ``column`` (see the module docstring).
+
+    Raises:
+        Error: an unknown column, an AVG without ``count``, or an expression.
+    """
+    projection = _projection(plan, column)
+    aggregate = _bare_aggregate(plan, projection)
+    if aggregate is None:
+        if _is_key(plan, projection):
+            return 0.0
+        raise Error(
+            f"column {column!r} is an expression: its accuracy depends on the data. Ask about a "
+            "bare aggregate column (COUNT, SUM or AVG) instead."
+        )
+    known = _aggregate_half_width(plan, aggregate)
+    if known is not None:
+        return known
+    if aggregate.function != "avg":
+        raise Error(f"column {column!r} ({aggregate.function.upper()}): its accuracy depends on the data.")
+    if count is None or not (isinstance(count, (int, float)) and math.isfinite(count) and count > 0):
+        raise Error(
+            f"column {column!r} is an AVG, whose accuracy depends on how many rows it averages; "
+            f"pass count=N (rows per group after contribution bounding), got count={count!r}."
+        )
+    total, rows = (plan.measurement(n) for n in aggregate.measurements[:2])
+    assert aggregate.bounds is not None
+    lo, hi = (float(b) for b in aggregate.bounds)
+    centred = (hi - lo) / 2 if mean is None else float(mean) - (lo / 2 + hi / 2)
+    width = average_half_width(total, rows, np.array([centred]), np.array([float(count)]), (lo, hi))
+    return float(width[0])
+
+
+def smallest_epsilon(
+    replan: Callable[[float], QueryPlan],
+    column: str,
+    half_width: float,
+    max_epsilon: float,
+    *,
+    count: float | None = None,
+    mean: float | None = None,
+) -> float:
+    """The smallest epsilon in ``(0, max_epsilon]`` whose plan gives ``column`` an expected
+    95% half-width of at most ``half_width``, by bisection on ``log(epsilon)``.
+
+    The half-width falls as epsilon grows (up to lattice rounding); the epsilon returned is
+    one whose plan was checked to meet the target, rounded up to 4 significant digits
+    when that still meets it, and at least ``1e-6 * max_epsilon``.
+
+    Raises:
+        Error: a bad target, or not even ``max_epsilon`` meets it.
+    """
+    if isinstance(half_width, bool) or not isinstance(half_width, (int, float)) or not half_width > 0 \
+            or not math.isfinite(half_width):
+        raise Error(f"half_width must be a positive finite number, got {half_width!r}.")
+
+    def width(epsilon: float) -> float:
+        try:
+            return column_half_width(replan(epsilon), column, count=count, mean=mean)
+        except Error as exc:
+            if epsilon == max_epsilon:
+                raise exc
+            return math.inf  # e.g. noise too large to calibrate at a tiny epsilon
+
+    best = width(max_epsilon)
+    if best == 0:
+        raise Error(f"column {column!r} is a group key: it carries no noise at any epsilon.")
+    if best > half_width:
+        raise Error(
+            f"even epsilon={max_epsilon:g} (the policy's max_epsilon_per_query) gives column "
+            f"{column!r} a 95% half-width of ±{best:.6g}, wider than ±{half_width:.6g}. Accept at "
+            "least that, pass a delta (Gaussian noise), query fewer aggregates at once (each "
+            "takes a share of epsilon), or ask the data owner for tighter caps or bounds."
+        )
+    # an epsilon a million times below the cap is as good as none (and far smaller ones
+    # leave the range the calibration's exact integer noise supports)
+    low, high = max_epsilon * _LOWEST_EPSILON, max_epsilon
+    if width(low) <= half_width:
+        return low
+    while high / low > 1 + _EPSILON_PRECISION:
+        middle = math.sqrt(low * high)
+        if width(middle) <= half_width:
+            high = middle
+        else:
+            low = middle
+    rounded = _round_up(high, 4)
+    return rounded if rounded <= max_epsilon and width(rounded) <= half_width else high
+
+
+def _round_up(value: float, digits: int) -> float:
+    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    return math.ceil(value * scale) / scale
+
+
+def _column_explanations(plan: QueryPlan, privacy: PrivacyReport) -> dict[str, ColumnExplanation]:
+    out: dict[str, ColumnExplanation] = {}
+    for name, projection in zip(plan.output_names, plan.output.expressions):
+        col = privacy.columns[name]
+        aggregate = _bare_aggregate(plan, projection)
+        if aggregate is None:
+            known = 0.0 if _is_key(plan, projection) else None
+            out[name] = ColumnExplanation(col.mechanism, col.noise_std, known, "" if known is not None else "data",
+                                          col.measurements)
+            continue
+        known = _aggregate_half_width(plan, aggregate)
+        depends = "" if known is not None else ("count" if aggregate.function == "avg" else "data")
+        out[name] = ColumnExplanation(col.mechanism, col.noise_std, known, depends, col.measurements)
+    return out
+
+
+def _aggregate_half_width(plan: QueryPlan, aggregate: Aggregate) -> float | None:
+    """The half-width of a COUNT or SUM (what the release reports); ``None`` for others."""
+    if not aggregate.measurements:  # an order statistic or UDF: depends on the data
+        return None
+    first = plan.measurement(aggregate.measurements[0])
+    if aggregate.function in ("count", "count_distinct"):
+        return count_half_width(first)
+    if aggregate.function == "sum":
+        return half_width(first)
+    return None
+
+
+def _projection(plan: QueryPlan, column: str) -> exp.Expression:
+    names = list(plan.output_names)
+    matches = [i for i, n in enumerate(names) if n == column] or [
+        i for i, n in enumerate(names) if n.casefold() == str(column).casefold()
+    ]
+    if len(matches) != 1:
+        raise Error(f"no single output column {column!r}; the query's columns are: {', '.join(names)}.")
+    return plan.output.expressions[matches[0]]
+
+
+def _bare_aggregate(plan: QueryPlan, projection: exp.Expression) -> Aggregate | None:
+    inner = projection.unalias()
+    if not isinstance(inner, exp.Column):
+        return None
+    return next((a for a in plan.aggregates if a.name == inner.name), None)
+
+
+def _is_key(plan: QueryPlan, projection: exp.Expression) -> bool:
+    keys = {k.name for k in plan.group_keys}
+    return any(c.name in keys for c in projection.find_all(exp.Column))
+
+
+# -- composition ----------------------------------------------------------------------
+
+
+def dry_run_composition(ledger: Any, analyst: str, budget: Any, charge: Charge) -> Composition | None:
+    """How the ledger's accountant would compose ``charge`` with the analyst's past charges,
+    without recording anything; ``None`` when the ledger or accountant cannot say."""
+    accountant = getattr(ledger, "accountant", None)
+    compose = getattr(accountant, "compose", None)
+    events = getattr(ledger, "events", None)
+    if compose is None or events is None:
+        return None
+    try:
+        history = [record.to_charge() for record in events(analyst)]
+        before = _compose(compose, history, float(budget.delta)) if history else (0.0, 0.0)
+        after = _compose(compose, [*history, charge], float(budget.delta))
+    except Exception:  # a dry run is advice: an accountant that cannot answer gives none
+        return None
+    name = str(getattr(accountant, "name", type(accountant).__name__))
+    return Composition(name, before, after, (float(budget.epsilon), float(budget.delta)))
+
+
+def _compose(compose: Callable[..., Any], events: Sequence[Charge], target_delta: float) -> tuple[float, float]:
+    """Call ``compose(events)`` or ``compose(events, target_delta=...)``, whichever it takes;
+    accept an (epsilon, delta) pair or an epsilon (at ``target_delta``)."""
+    parameters: Mapping[str, inspect.Parameter] = inspect.signature(compose).parameters
+    if "target_delta" in parameters:
+        result = compose(events, target_delta=target_delta)
+    else:
+        result = compose(events)
+    if isinstance(result, tuple):
+        return float(result[0]), float(result[1])
+    return float(result), target_delta

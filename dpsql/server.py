@@ -1,0 +1,480 @@
+"""The proxy: an Arrow Flight server in front of the embedded pipeline (DESIGN §4).
+
+``dpsql serve`` runs :func:`serve`. One process holds one hardened engine, one ledger and
+the policy; each analyst gets a :class:`~dpsql.connection.Connection` over them, made on
+first use, so a request runs exactly the pipeline of ``dpsql.connect`` under its analyst's
+budget. Flight's thread pool answers many clients at once: the engine serializes its
+queries, and the ledger's charge is one write transaction, so no number of concurrent
+requests (or other processes sharing the ledger file) can overspend.
+
+Who is asking. Every call carries ``authorization: Bearer <token>``; a middleware checks it
+with :class:`~dpsql.auth.TokenVerifier` (one scrypt per token, then an in-memory keyed
+digest; re-read when the auth file changes, so a revoked token fails at its next request)
+and refuses a wrong one before any handler runs. ``health`` also answers without a token.
+
+Logs (logger ``dpsql.server``) say who asked what and what was charged or why it was
+refused; they never contain a token, a raw value or a noisy value.
+
+SIGTERM or SIGINT stops accepting calls, lets the calls in flight finish (their charges are
+committed before their answers leave), closes the ledger and exits 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import pyarrow.flight as flight
+
+import dpsql
+from dpsql.accounting import Ledger
+from dpsql.auth import TokenVerifier
+from dpsql.client import ACTIONS, encode_result, error_payload, explanation_payload
+from dpsql.connection import Connection, Explanation
+from dpsql.engine import DuckDBEngine
+from dpsql.errors import AuthenticationError, Error, InternalError, QueryRejected
+from dpsql.policy import Policy, check_against_schema, load_policy
+from dpsql.result import Result
+
+__all__ = ["DpsqlFlightServer", "Service", "serve"]
+
+log = logging.getLogger("dpsql.server")
+
+_MAX_REQUEST_BYTES = 1_000_000
+_SHUTDOWN_GRACE_SECONDS = 30.0
+_LOGGED_SQL_CHARS = 300
+_MIDDLEWARE = "dpsql-auth"
+_T = TypeVar("_T")
+
+
+# ---------------------------------------------------------------- the pipeline, per analyst
+
+
+class Service:
+    """The embedded pipeline for many analysts: one engine, one ledger, one Connection each.
+
+    The Connections share the engine and the ledger, so they are never closed one by one;
+    :meth:`close` closes everything once.
+    """
+
+    def __init__(self, engine: DuckDBEngine, policy: Policy, ledger: Ledger) -> None:
+        self._engine = engine
+        self._policy = policy
+        self._ledger = ledger
+        self._shared = _shared_options(ledger)
+        self._connections: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, database: str | os.PathLike[str], policy: str | os.PathLike[str], ledger: str | os.PathLike[str]) -> Service:
+        """Open the database hardened and read-only, check it against the policy, open the ledger."""
+        loaded = load_policy(policy)
+        engine = DuckDBEngine(database)
+        book: Ledger | None = None
+        try:
+            check_against_schema(loaded, engine.schema())
+            book = Ledger(ledger, accountant=loaded.accountant)  # as dpsql.connect does
+            return cls(engine, loaded, book)
+        except BaseException:
+            if book is not None:
+                book.close()
+            engine.close()
+            raise
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledger
+
+    def connection(self, analyst: str) -> Connection:
+        """The analyst's Connection, made on first use."""
+        with self._lock:
+            if self._closed:
+                raise Error("the dpsql server is shutting down; try again when it is back.")
+            conn = self._connections.get(analyst)
+            if conn is None:
+                conn = Connection(self._engine, self._policy, analyst, self._ledger, **self._shared)
+                self._connections[analyst] = conn
+            return conn
+
+    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Result:
+        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta)
+
+    def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
+        return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta)
+
+    def budget(self, analyst: str) -> dpsql.BudgetStatus:
+        return self.connection(analyst).budget()
+
+    def close(self) -> None:
+        """Close every Connection (their scratch engines), then the shared engine and ledger."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            connections = list(self._connections.values())
+        for conn in connections:
+            conn.close()  # also closes the shared engine, ledger and answers: all idempotent
+        for shared in self._shared.values():
+            shared.close()
+        self._engine.close()
+        self._ledger.close()
+
+
+def _shared_options(ledger: Ledger) -> dict[str, Any]:
+    """What every analyst's Connection shares besides the engine and the ledger.
+
+    Where Connection keeps released answers for free repeats (``answers=``, a file beside the
+    ledger), the server opens that file once for everyone: one SQLite connection whose
+    writers queue on a lock. One connection per analyst would queue them on SQLite's busy
+    handler instead, which sleeps in steps of up to 100 ms and made 8 concurrent clients 30
+    times slower.
+    """
+    if "answers" not in inspect.signature(Connection).parameters:
+        return {}
+    from dpsql.cache import RepeatCache
+
+    return {"answers": RepeatCache.beside(ledger.path)}
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class Request:
+    """A query or explain request: the ticket or action body, checked."""
+
+    sql: str
+    epsilon: float | None
+    delta: float | None
+
+    @classmethod
+    def parse(cls, body: bytes) -> Request:
+        if len(body) > _MAX_REQUEST_BYTES:
+            raise QueryRejected(f"the request is {len(body):,} bytes; the server takes at most {_MAX_REQUEST_BYTES:,}.")
+        try:
+            fields = json.loads(body)
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict) or not isinstance(fields.get("sql"), str):
+            raise Error('malformed request: expected JSON {"sql": ..., "epsilon": ..., "delta": ...}. Use dpsql.Client.')
+        values = {}
+        for name in ("epsilon", "delta"):
+            value = fields.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise Error(f"malformed request: {name} must be a number or null, got {value!r}.")
+            values[name] = None if value is None else float(value)
+        return cls(fields["sql"], values["epsilon"], values["delta"])
+
+    def describe(self) -> str:
+        text = " ".join(self.sql.split())
+        if len(text) > _LOGGED_SQL_CHARS:
+            text = text[:_LOGGED_SQL_CHARS] + "..."
+        return f"sql={text!r} epsilon={_amount(self.epsilon)} delta={_amount(self.delta)}"
+
+
+def _amount(value: float | None) -> str:
+    return "default" if value is None else f"{value:g}"
+
+
+# ---------------------------------------------------------------- authentication
+
+
+class _AuthMiddleware(flight.ServerMiddleware):  # type: ignore[misc]
+    def __init__(self, analyst: str | None) -> None:
+        self.analyst = analyst
+
+
+class _AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    """Checks the bearer token of every call; a call without one may only ask for health."""
+
+    def __init__(self, verifier: TokenVerifier) -> None:
+        self._verifier = verifier
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _AuthMiddleware:
+        values = headers.get("authorization") or headers.get("Authorization") or []
+        if not values:
+            return _AuthMiddleware(None)
+        value = values[0].decode() if isinstance(values[0], bytes) else str(values[0])
+        scheme, _, token = value.partition(" ")
+        try:
+            if scheme.lower() != "bearer":
+                raise AuthenticationError("the authorization header must be 'Bearer <token>'.")
+            return _AuthMiddleware(self._verifier.analyst_for(token.strip()))
+        except AuthenticationError as exc:
+            log.warning("authentication failed (%s): %s", _method_name(info), exc)
+            raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
+
+
+def _method_name(info: flight.CallInfo) -> str:
+    return str(info.method).rsplit(".", 1)[-1]
+
+
+# ---------------------------------------------------------------- the Flight server
+
+
+class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Flight endpoints: ``DoGet`` answers a query; actions ``budget``, ``explain``, ``health``."""
+
+    def __init__(
+        self,
+        location: str | flight.Location,
+        service: Service,
+        verifier: TokenVerifier,
+        *,
+        tls_certificates: list[flight.CertKeyPair] | None = None,
+    ) -> None:
+        self._service = service
+        super().__init__(
+            location,
+            tls_certificates=tls_certificates or [],
+            middleware={_MIDDLEWARE: _AuthMiddlewareFactory(verifier)},
+        )
+
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.RecordBatchStream:
+        def answer() -> flight.RecordBatchStream:
+            analyst = _analyst(context)
+            request = Request.parse(ticket.ticket)
+            return self._query(analyst, request)
+
+        return _answering("query", context, answer)
+
+    def _query(self, analyst: str, request: Request) -> flight.RecordBatchStream:
+        start = time.perf_counter()
+        try:
+            result = self._service.execute(analyst, request.sql, request.epsilon, request.delta)
+        except Error as exc:
+            log.info("query analyst=%r %s refused: %s (nothing charged)", analyst, request.describe(), type(exc).__name__)
+            raise
+        elapsed = 1e3 * (time.perf_counter() - start)
+        if getattr(result, "cached", False):
+            log.info("query analyst=%r %s repeat of a released answer, charged nothing, rows=%d in %.1f ms",
+                     analyst, request.describe(), len(result), elapsed)
+        else:
+            log.info("query analyst=%r %s charged epsilon=%g delta=%g rows=%d in %.1f ms",
+                     analyst, request.describe(), result.privacy.epsilon, result.privacy.delta, len(result), elapsed)
+        return flight.RecordBatchStream(encode_result(result))
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[flight.Result]:
+        def answer() -> list[flight.Result]:
+            body = action.body.to_pybytes() if action.body is not None else b""
+            payload = self._action(context, action.type, body)
+            return [flight.Result(json.dumps(payload).encode())]
+
+        return iter(_answering(action.type, context, answer))
+
+    def _action(self, context: flight.ServerCallContext, name: str, body: bytes) -> dict[str, Any]:
+        if name == "health":
+            return {"status": "ok", "version": dpsql.__version__}
+        if name not in ACTIONS:
+            raise Error(f"unknown action {name!r}; this server knows {', '.join(sorted(ACTIONS))}.")
+        analyst = _analyst(context)
+        if name == "budget":
+            status = self._service.budget(analyst)
+            log.info("budget analyst=%r: epsilon %g of %g spent", analyst, status.epsilon_spent, status.epsilon_total)
+            return asdict(status)
+        request = Request.parse(body)
+        try:
+            explanation = self._service.explain(analyst, request.sql, request.epsilon, request.delta)
+        except Error as exc:
+            log.info("explain analyst=%r %s refused: %s", analyst, request.describe(), type(exc).__name__)
+            raise
+        log.info("explain analyst=%r %s (nothing charged)", analyst, request.describe())
+        return explanation_payload(explanation)
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return list(ACTIONS.items())
+
+
+def _analyst(context: flight.ServerCallContext) -> str:
+    middleware = context.get_middleware(_MIDDLEWARE)
+    analyst = getattr(middleware, "analyst", None)
+    if not analyst:
+        raise AuthenticationError(
+            "no token: connect with dpsql.Client(location, token=...) using the token from "
+            "dpsql token create ANALYST --auth FILE."
+        )
+    return str(analyst)
+
+
+def _answering(what: str, context: flight.ServerCallContext, answer: Callable[[], _T]) -> _T:
+    """Run a handler; turn a dpsql.Error into the Flight error that carries it, log a bug."""
+    try:
+        return answer()
+    except AuthenticationError as exc:
+        raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
+    except Error as exc:
+        kind = flight.FlightInternalError if isinstance(exc, InternalError) else flight.FlightServerError
+        raise kind(f"{type(exc).__name__}: {exc}", extra_info=error_payload(exc)) from None
+    except flight.FlightError:
+        raise
+    except Exception as exc:
+        incident = secrets.token_hex(4)
+        # The stack only: an engine's message could quote a value from the data.
+        log.error("%s failed with an unexpected %s (incident %s) from %s; stack:\n%s", what,
+                  type(exc).__name__, incident, context.peer(), "".join(traceback.format_tb(exc.__traceback__)))
+        error = InternalError(
+            f"the dpsql server failed unexpectedly (incident {incident}, logged on the server). "
+            "This is probably a bug in dpsql: please report it."
+        )
+        raise flight.FlightInternalError(str(error), extra_info=error_payload(error)) from None
+
+
+# ---------------------------------------------------------------- dpsql serve
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    database: str
+    policy: str
+    ledger: str
+    auth: str
+    host: str = "127.0.0.1"
+    port: int = 8815
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+def serve(
+    options: ServeOptions,
+    *,
+    stop: threading.Event | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> int:
+    """Run the server until SIGTERM/SIGINT (or ``stop`` is set); return the exit code (0).
+
+    Args:
+        options: what ``dpsql serve`` was given.
+        stop: set it to stop the server (for running it in a thread).
+        on_ready: called with the location once the server accepts calls.
+
+    Raises:
+        Error: a bad database, policy, ledger, auth file or TLS setting, before listening.
+    """
+    if (options.tls_cert is None) != (options.tls_key is None):
+        raise Error("pass both --tls-cert and --tls-key (PEM files), or neither.")
+    verifier = TokenVerifier(options.auth)
+    if not verifier.analysts:
+        log.warning("auth file %s holds no token: every query will be refused until one is created", options.auth)
+    _warn_if_readable(options.auth)
+    tls = _tls_certificates(options)
+    if tls is None and not _is_loopback(options.host):
+        log.warning("serving on %s without TLS: tokens and answers cross the network in clear text; "
+                    "pass --tls-cert and --tls-key", options.host)
+    service = Service.open(options.database, options.policy, options.ledger)
+    try:
+        location = (flight.Location.for_grpc_tls if tls else flight.Location.for_grpc_tcp)(options.host, options.port)
+        try:
+            server = DpsqlFlightServer(location, service, verifier, tls_certificates=tls)
+        except Exception as exc:  # ArrowException: the port is taken, a bad TLS certificate
+            raise Error(
+                f"cannot serve on {options.host}:{options.port}: {str(exc).splitlines()[0]}. "
+                "Is another server using that port? Pick another with --port."
+            ) from None
+        scheme = "grpc+tls" if tls else "grpc"
+        address = f"{scheme}://{_host_for_uri(options.host)}:{server.port}"
+        stop = stop if stop is not None else threading.Event()
+        restore = _install_signal_handlers(stop)
+        try:
+            log.info(
+                "dpsql %s serving %s on %s (policy %s, ledger %s, auth %s: %d analysts with a token)",
+                dpsql.__version__, options.database, address, options.policy, options.ledger,
+                options.auth, len(verifier.analysts),
+            )
+            if on_ready is not None:
+                on_ready(address)
+            while not stop.wait(0.5):
+                pass
+            log.info("shutting down: finishing the calls in flight")
+            _shutdown(server)
+        finally:
+            restore()
+    finally:
+        service.close()
+    log.info("stopped; the ledger is closed")
+    return 0
+
+
+def _shutdown(server: DpsqlFlightServer) -> None:
+    """Stop accepting calls and wait (bounded) for the ones in flight."""
+    done = threading.Thread(target=server.shutdown, name="dpsql-shutdown", daemon=True)
+    done.start()
+    done.join(_SHUTDOWN_GRACE_SECONDS)
+    if done.is_alive():
+        log.error("calls still running after %.0f s; exiting anyway (their charges, if any, are "
+                  "committed)", _SHUTDOWN_GRACE_SECONDS)
+        logging.shutdown()
+        os._exit(1)
+
+
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGTERM and SIGINT set ``stop``; return a function that restores the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    signals = [signal.SIGTERM, signal.SIGINT]
+
+    def handler(signum: int, frame: object) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+
+    def restore() -> None:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+    return restore
+
+
+def _tls_certificates(options: ServeOptions) -> list[flight.CertKeyPair] | None:
+    if options.tls_cert is None or options.tls_key is None:
+        return None
+    try:
+        with open(options.tls_cert, "rb") as f:
+            cert = f.read()
+        with open(options.tls_key, "rb") as f:
+            key = f.read()
+    except OSError as exc:
+        raise Error(f"cannot read the TLS certificate or key: {exc}") from None
+    return [flight.CertKeyPair(cert=cert, key=key)]
+
+
+def _warn_if_readable(path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if mode & 0o077:
+        log.warning("auth file %s is readable by other users (mode %o); chmod 600 it", path, mode & 0o777)
+
+
+def _is_loopback(host: str) -> bool:
+    return host in {"localhost", "::1"} or host.startswith("127.")
+
+
+def _host_for_uri(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Log lines on stderr: time, level, what happened."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False

@@ -1,0 +1,109 @@
+"""Answer order statistics and registered UDFs per group from their values (issue 5).
+
+The bounded values come from :func:`dpsql.rewrite.value_query`; here each group gets:
+
+1. a noisy count of its units (discrete Laplace, sensitivity 1, ``COUNT_SHARE`` of the
+   release's epsilon): the only size the strategy and the block count may depend on;
+2. the strategy (:func:`dpsql.udf.choose_strategy`): PTR or smooth sensitivity when a
+   local sensitivity is known and delta > 0, sample-and-aggregate otherwise;
+3. the mechanism's release: a value clamped into the bounds, or PTR's refusal (NULL,
+   charged all the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dpsql.mechanisms import RandomSource, laplace_noise
+from dpsql.plan import ValueRelease
+from dpsql.udf import (
+    UDF,
+    QuantileSpec,
+    UDFRelease,
+    assign_blocks,
+    choose_block_count,
+    choose_strategy,
+    propose_bound,
+    ptr_quantile,
+    ptr_udf,
+    sample_and_aggregate,
+    smooth_quantile,
+    smooth_udf,
+)
+
+__all__ = ["release_values"]
+
+
+def release_values(
+    release: ValueRelease,
+    rows: pa.Table,
+    keys: Sequence[str],
+    groups: Sequence[tuple[object, ...]],
+    source: RandomSource | None = None,
+) -> list[UDFRelease]:
+    """One release per group of ``groups`` (key tuples, in output order)."""
+    by_group: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+    if rows.num_rows:
+        if keys:
+            grouped = rows.group_by(list(keys)).aggregate([("__v", "list"), ("__id", "list")])
+            key_values = list(zip(*(grouped[k].to_pylist() for k in keys)))
+            for key, v, ids in zip(key_values, grouped["__v_list"].to_pylist(), grouped["__id_list"].to_pylist()):
+                by_group[key] = (np.asarray(v, dtype=np.float64), np.asarray(ids, dtype=np.uint64))
+        else:
+            by_group[()] = (rows["__v"].to_numpy(), rows["__id"].to_numpy().astype(np.uint64))
+    empty = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.uint64))
+    return [_release_group(release, *by_group.get(tuple(g), empty), source) for g in groups]
+
+
+def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, source: RandomSource | None) -> UDFRelease:
+    count_eps = release.epsilon * ValueRelease.COUNT_SHARE
+    eps = release.epsilon - count_eps
+    units = len(np.unique(ids))
+    noisy_units = max(1.0, float(units + laplace_noise(1, count_eps).sample(1, source)[0]))
+    target = release.target
+    r = release.rows_per_unit
+    strategy, reason = choose_strategy(target, noisy_units, eps, release.delta, rows_per_unit=r)  # type: ignore[arg-type]
+    bounds = target.bounds  # type: ignore[attr-defined]
+    if isinstance(target, QuantileSpec):
+        if strategy == "smooth":
+            out = smooth_quantile(values, target.q, bounds, eps, release.delta, rows_per_unit=r, source=source)
+        elif strategy == "ptr":
+            proposal = propose_bound(bounds, noisy_units, eps, release.delta, r)
+            out = ptr_quantile(values, target.q, bounds, eps, release.delta, proposal=proposal, rows_per_unit=r, source=source)
+        else:
+            out = _sample_and_aggregate(_quantile_of(target.q), values, ids, noisy_units, bounds, eps, source)
+        return _with_reason(out, reason)
+    assert isinstance(target, UDF)
+    if strategy == "smooth":
+        out = smooth_udf(target.fn, target.local_sensitivity, values, bounds, eps, release.delta, rows_per_unit=r, source=source)
+    elif strategy == "ptr":
+        proposal = propose_bound(bounds, noisy_units, eps, release.delta, r)
+        out = ptr_udf(target.fn, target.local_sensitivity, values, bounds, eps, release.delta, proposal=proposal, rows_per_unit=r, source=source)
+    else:
+        out = _sample_and_aggregate(target.fn, values, ids, noisy_units, bounds, eps, source, target.time_limit)
+    return _with_reason(out, reason)
+
+
+def _sample_and_aggregate(fn, values, ids, noisy_units, bounds, eps, source, time_limit: float = 0.1) -> UDFRelease:  # type: ignore[no-untyped-def]
+    k = choose_block_count(noisy_units, eps)
+    blocks = assign_blocks(ids, k)
+    return sample_and_aggregate(fn, values, blocks, k, bounds, eps, time_limit=time_limit, source=source)
+
+
+def _quantile_of(q: float):  # type: ignore[no-untyped-def]
+    def quantile(block: np.ndarray) -> float:
+        return float(np.quantile(block, q)) if len(block) else float("nan")
+
+    return quantile
+
+
+def _with_reason(out: UDFRelease, reason: str) -> UDFRelease:
+    """Keep the strategy's reason with the release, for the privacy report."""
+    from dataclasses import replace
+
+    params = dict(out.parameters)
+    params["why"] = reason
+    return replace(out, parameters=params)

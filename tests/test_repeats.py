@@ -1,0 +1,321 @@
+"""Free repeats (issue 3, item 8): the same query on the same data gets the same answer, free;
+changed data, SQL, epsilon, delta, analyst, policy or ledger never reuses an answer."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+import sqlglot.expressions as exp
+
+import dpsql
+from dpsql.cache import ANSWERS_SUFFIX, REPEAT_NOTE, normalise_sql
+from dpsql.engine import DuckDBEngine
+from dpsql.policy import Policy, parse_policy
+
+POLICY = """
+[privacy]
+max_epsilon_per_query = 1.0
+max_delta_per_query = 1e-6
+default_epsilon = 0.5
+
+[budget]
+default = { epsilon = 100.0, delta = 1e-3 }
+[budget.analysts]
+carol = { epsilon = 0.5, delta = 0.0 }
+
+[tables.t]
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 2
+[tables.t.columns]
+g = { public_values = ["a", "b"] }
+x = { bounds = [0, 10] }
+
+[tables.u]
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.u.columns]
+y = { bounds = [0, 1] }
+"""
+SQL = "SELECT g, COUNT(*) AS n, AVG(x) AS m FROM t GROUP BY g"
+
+
+def policy(text: str = POLICY) -> Policy:
+    return parse_policy(text, source="<repeats policy>")
+
+
+def fill(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    con.execute("CREATE TABLE t AS SELECT range AS uid, ['a', 'b'][range % 2 + 1] AS g, "
+                "(range % 10)::DOUBLE AS x FROM range(300)")
+    con.execute("CREATE TABLE u AS SELECT range AS uid, (range % 2)::DOUBLE AS y FROM range(50)")
+    return con
+
+
+@pytest.fixture
+def memory() -> duckdb.DuckDBPyConnection:
+    return fill(duckdb.connect())
+
+
+@pytest.fixture
+def db_file(tmp_path: Path) -> Path:
+    path = tmp_path / "data.duckdb"
+    fill(duckdb.connect(str(path))).close()
+    return path
+
+
+def test_a_repeat_returns_the_same_answer_and_charges_nothing(memory: duckdb.DuckDBPyConnection) -> None:
+    with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
+        first = conn.execute(SQL)
+        again = [
+            conn.execute(SQL),
+            conn.execute("select g,count(*) as n,avg(x) as m from t group by g", epsilon=0.5),
+            conn.execute(f"  -- the same, reformatted\n{SQL.replace(' ', '   ')}\n", delta=0.0),
+        ]
+        assert conn.budget().queries == 1
+    assert first.cached is False and REPEAT_NOTE not in first.privacy.notes
+    for res in again:
+        assert res.cached is True and REPEAT_NOTE in res.privacy.notes
+        assert res.fetchall() == first.fetchall()
+        assert res.columns == ["g", "n", "m"]
+        assert [res.accuracy.cells(c) for c in res.columns] == [first.accuracy.cells(c) for c in first.columns]
+        assert (res.privacy.epsilon, res.privacy.delta) == (0.5, 0.0)
+        assert res.privacy.columns["n"].mechanism == "laplace"
+
+
+@pytest.mark.parametrize(
+    ("sql", "options"),
+    [
+        (SQL.replace("AS m", "AS mean"), {}),  # an alias is part of the query
+        (SQL, {"epsilon": 0.25}),
+        (SQL, {"delta": 1e-7}),
+        (SQL.replace("GROUP BY g", "WHERE x > 0 GROUP BY g"), {}),
+    ],
+)
+def test_a_different_query_is_charged(memory: duckdb.DuckDBPyConnection, sql: str, options: dict[str, float]) -> None:
+    with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
+        first = conn.execute(SQL)
+        other = conn.execute(sql, **options)
+        assert other.cached is False and conn.budget().queries == 2
+        assert other.fetchall() != first.fetchall()
+
+
+def test_answers_are_never_shared_between_analysts(db_file: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "budget.sqlite"
+    with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=ledger) as alice:
+        mine = alice.execute(SQL)
+    with dpsql.connect(db_file, policy=policy(), analyst="bob", ledger=ledger) as bob:
+        theirs = bob.execute(SQL)
+        assert theirs.cached is False and bob.budget().queries == 1
+    assert theirs.fetchall() != mine.fetchall()
+
+
+def test_changed_data_is_answered_afresh_and_charged(memory: duckdb.DuckDBPyConnection) -> None:
+    with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
+        answers = [conn.execute(SQL)]
+
+        def ask(expect_cached: bool) -> None:
+            res = conn.execute(SQL)
+            assert res.cached is expect_cached
+            if expect_cached:
+                assert res.fetchall() == answers[-1].fetchall()
+            else:
+                assert res.fetchall() != answers[-1].fetchall()
+            answers.append(res)
+
+        memory.execute("INSERT INTO t VALUES (1000, 'a', 3.0)")  # a new row
+        ask(expect_cached=False)
+        memory.execute("UPDATE t SET x = 4.0 WHERE uid = 7")  # same row count, one value
+        ask(expect_cached=False)
+        ask(expect_cached=True)
+        memory.execute("UPDATE u SET y = 0.5")  # a table the query does not read
+        ask(expect_cached=True)
+        memory.execute("DELETE FROM t WHERE uid = 1000")
+        ask(expect_cached=False)
+        memory.execute("INSERT INTO t VALUES (1000, 'a', 3.0)")  # back to data already answered
+        res = conn.execute(SQL)
+        assert res.cached is True and res.fetchall() == answers[2].fetchall()
+        assert conn.budget().queries == 4
+
+
+def test_a_file_changed_between_connections_is_answered_afresh(db_file: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "budget.sqlite"
+    with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=ledger) as conn:
+        first = conn.execute(SQL)
+    assert (tmp_path / ("budget.sqlite" + ANSWERS_SUFFIX)).exists()
+    with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=ledger) as conn:
+        repeat = conn.execute(SQL)  # another connection, the same file: free
+        assert repeat.cached is True and repeat.fetchall() == first.fetchall()
+        assert conn.budget().queries == 1
+    with duckdb.connect(str(db_file)) as writer:  # the data owner updates the file
+        writer.execute("UPDATE t SET x = 9.0 WHERE uid < 5")
+    with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=ledger) as conn:
+        fresh = conn.execute(SQL)
+        assert fresh.cached is False and fresh.fetchall() != first.fetchall()
+        assert conn.budget().queries == 2
+
+
+def test_a_policy_change_invalidates_but_a_budget_change_does_not(memory: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    ledger = dpsql.Ledger(tmp_path / "budget.sqlite")
+    answers = tmp_path / "answers.sqlite"
+    from dpsql.cache import RepeatCache
+    from dpsql.connection import Connection
+    from dpsql.engine import DuckDBEngine as Engine
+
+    def ask(text: str) -> dpsql.Result:
+        conn = Connection(Engine(memory), policy(text), "alice", ledger, answers=RepeatCache(answers))
+        return conn.execute(SQL)
+
+    assert ask(POLICY).cached is False
+    assert ask(POLICY.replace("epsilon = 100.0", "epsilon = 200.0")).cached is True
+    assert ask(POLICY.replace("x = { bounds = [0, 10] }", "x = { bounds = [0, 20] }")).cached is False
+    assert ask(POLICY.replace("max_rows_per_unit = 2", "max_rows_per_unit = 3")).cached is False
+    assert ledger.status("alice", policy().budget_for("alice")).queries == 3
+
+
+def test_a_reset_ledger_starts_afresh(db_file: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "budget.sqlite"
+    with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=ledger) as conn:
+        conn.execute(SQL)
+    for suffix in ("", "-wal", "-shm"):  # reset the budgets; the answers file stays
+        if os.path.exists(f"{ledger}{suffix}"):
+            os.remove(f"{ledger}{suffix}")
+    with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=ledger) as conn:
+        res = conn.execute(SQL)
+        assert res.cached is False and conn.budget().queries == 1
+        assert conn.execute(SQL).cached is True
+
+
+def test_a_repeat_is_free_even_when_the_budget_is_spent(memory: duckdb.DuckDBPyConnection) -> None:
+    with dpsql.connect(memory, policy=policy(), analyst="carol") as conn:  # budget 0.5
+        first = conn.execute(SQL, epsilon=0.5)
+        assert conn.budget().epsilon_remaining == 0
+        assert conn.execute(SQL, epsilon=0.5).fetchall() == first.fetchall()
+        with pytest.raises(dpsql.BudgetExceeded):
+            conn.execute("SELECT COUNT(*) FROM t", epsilon=0.5)
+        assert conn.budget().queries == 1
+
+
+def test_repeats_can_be_switched_off(memory: duckdb.DuckDBPyConnection) -> None:
+    with dpsql.connect(memory, policy=policy(), analyst="alice", repeats=False) as conn:
+        answers = [conn.execute(SQL) for _ in range(3)]
+        assert conn.budget().queries == 3
+    assert all(a.cached is False for a in answers)
+    assert len({tuple(a.fetchall()) for a in answers}) == 3
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("SELECT COUNT(*) FROM t", "select   count(*)\nfrom t", True),
+        ("SELECT COUNT(*) FROM t", "SELECT COUNT(*) FROM t -- comment", True),
+        ("SELECT COUNT(*) FROM t", "/* hi */ SELECT COUNT(*) FROM t;", True),
+        ("SELECT COUNT(*) AS n FROM t", "SELECT COUNT(*) AS m FROM t", False),
+        ("SELECT COUNT(*) FROM t WHERE g = 'a'", "SELECT COUNT(*) FROM t WHERE g = 'A'", False),
+        ("SELECT COUNT(*) FROM t", "SELECT COUNT(*) FROM t WHERE TRUE", False),
+    ],
+)
+def test_normalised_sql(a: str, b: str, same: bool) -> None:
+    assert (normalise_sql(a) == normalise_sql(b)) is same
+
+
+def test_fingerprints_see_what_xor_would_miss() -> None:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (uid INTEGER, x DOUBLE)")
+    con.execute("INSERT INTO t VALUES (1, 1.0), (1, 1.0), (2, 2.0)")
+    engine = DuckDBEngine(con)
+    before = engine.fingerprint(["t"])
+    con.execute("DELETE FROM t WHERE uid = 1")
+    con.execute("INSERT INTO t VALUES (3, 3.0), (3, 3.0)")  # duplicates would cancel in an XOR
+    assert engine.fingerprint(["t"]) != before
+    con.execute("DELETE FROM t WHERE uid = 3")
+    con.execute("INSERT INTO t VALUES (1, 1.0), (1, 1.0)")
+    assert engine.fingerprint(["T"]) == before  # content, not history or row order
+
+
+def test_the_query_and_its_fingerprint_read_one_snapshot(memory: duckdb.DuckDBPyConnection) -> None:
+    engine = DuckDBEngine(memory)
+    fingerprint = engine.fingerprint(["t"])
+    for where in ("x >= 0", "x > 100"):  # rows, and no rows at all
+        query = exp.select("g", "COUNT(*) AS n").from_("t").where(where).group_by("g")
+        rows, read = engine.run_fingerprinted(query, ["t"])
+        assert read == fingerprint
+        assert rows.sort_by("g").to_pylist() == engine.run(query).sort_by("g").to_pylist()
+
+
+def test_a_file_is_fingerprinted_once_per_connection(db_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scans: list[str] = []
+    run = DuckDBEngine.run
+
+    def counting(self: DuckDBEngine, query: exp.Expression) -> Any:
+        scans.append(query.sql(dialect="duckdb"))
+        return run(self, query)
+
+    monkeypatch.setattr(DuckDBEngine, "run", counting)
+    with dpsql.connect(db_file, policy=policy(), analyst="alice") as conn:
+        for sql in (SQL, "SELECT COUNT(*) FROM t", "SELECT SUM(x) FROM t", SQL):
+            conn.execute(sql)
+    assert sum("__fp" in s for s in scans) == 1
+    assert len(scans) == 4  # one fingerprint, three queries, and the repeat read nothing
+
+
+def ask_in_process(db: str, ledger: str, barrier: Any, results: Any) -> None:
+    """Child process: wait for the others, then ask the same query."""
+    try:
+        with dpsql.connect(db, policy=policy(), analyst="alice", ledger=ledger) as conn:
+            barrier.wait(timeout=60)
+            res = conn.execute(SQL)
+            results.put((res.fetchall(), res.cached))
+    except Exception as exc:  # report at once rather than leave the parent waiting
+        results.put(repr(exc))
+
+
+def test_processes_asking_the_same_new_query_pay_once_and_agree(db_file: Path, tmp_path: Path) -> None:
+    ledger = str(tmp_path / "budget.sqlite")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    processes = [ctx.Process(target=ask_in_process, args=(str(db_file), ledger, barrier, results)) for _ in range(3)]
+    for p in processes:
+        p.start()
+    answers: list[Any] = []
+    deadline = time.monotonic() + 90
+    while len(answers) < len(processes) and time.monotonic() < deadline:
+        try:
+            answers.append(results.get(timeout=0.2))
+        except queue.Empty:
+            assert not [p.exitcode for p in processes if p.exitcode not in (None, 0)], "a child died"
+    for p in processes:
+        p.join(timeout=30)
+    assert all(isinstance(a, tuple) for a in answers) and len(answers) == 3, answers
+    assert len({tuple(rows) for rows, _ in answers}) == 1  # one answer for everyone
+    assert sorted(cached for _, cached in answers) == [False, True, True]
+    with dpsql.Ledger(ledger) as book:
+        assert book.status("alice", policy().budget_for("alice")).queries == 1
+
+
+def test_an_order_statistic_repeats_with_its_privacy_report(memory: duckdb.DuckDBPyConnection) -> None:
+    sql = "SELECT g, QUANTILE_CONT(x, 0.5) AS q FROM t GROUP BY g"
+    with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
+        first = conn.execute(sql, epsilon=1.0, delta=1e-6)
+        again = conn.execute(sql, epsilon=1.0, delta=1e-6)
+        assert conn.budget().queries == 1
+    assert again.cached is True and again.fetchall() == first.fetchall()
+    assert again.privacy.columns == first.privacy.columns
+    assert again.privacy.notes == (*first.privacy.notes, REPEAT_NOTE)
+
+
+def test_a_query_using_a_registered_udf_is_never_served_from_the_cache(memory: duckdb.DuckDBPyConnection) -> None:
+    with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
+        conn.register_udf("middle", lambda v: float(v.mean()), bounds=(0, 10))
+        first = conn.execute("SELECT middle(x) AS m FROM t", epsilon=1.0)
+        conn.register_udf("middle", lambda v: float(v.max()), bounds=(0, 10))  # same name, new code
+        second = conn.execute("SELECT middle(x) AS m FROM t", epsilon=1.0)
+        assert (first.cached, second.cached) == (False, False)
+        assert conn.budget().queries == 2

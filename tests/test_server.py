@@ -1,0 +1,392 @@
+"""The proxy end to end: a real ``python -m dpsql serve`` process on loopback, real clients.
+
+Round trip against the embedded API, bad and revoked tokens, refusals with the embedded
+messages, eight client processes racing for one budget (exactly the budget is granted),
+restart keeps the ledger, SIGTERM exits cleanly, TLS. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.flight as flight
+import pytest
+
+import dpsql
+from dpsql.auth import create_token, revoke_token
+from dpsql.demo import make_demo_database
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY = ROOT / "policies" / "demo.toml"
+BY_REGION = "SELECT region, COUNT(*) AS n, AVG(income) AS avg_income FROM visits GROUP BY region"
+START_SECONDS = 30.0
+STOP_SECONDS = 30.0
+
+REFUSED = [
+    ("SELECT * FROM visits", None),
+    ("SELECT ssn FROM visits", None),
+    ("SELECT COUNT(*) FROM visits; DROP TABLE visits", None),
+    ("SELECT zip, COUNT(*) FROM visits GROUP BY zip", None),
+    ("SELECT COUNT(*) FROM nowhere", None),
+    ("SELECT region, COUNT(*) FROM visits GROUP BY region", 5.0),  # above max_epsilon_per_query
+    ("SELEC COUNT(*) FROM visits", None),
+]
+
+
+class ServerProcess:
+    """``python -m dpsql serve`` in a child process; its log goes to a file."""
+
+    def __init__(self, db: Path, ledger: Path, auth: Path, log: Path, *extra: str) -> None:
+        self.log = log
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        command = [sys.executable, "-m", "dpsql", "serve", "--db", str(db), "--policy", str(POLICY),
+                   "--ledger", str(ledger), "--auth", str(auth), "--host", "127.0.0.1", "--port", "0", *extra]
+        with open(log, "ab") as err:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+        self.location = self._wait_until_listening()
+
+    def _wait_until_listening(self) -> str:
+        assert self.process.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(self.process.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + START_SECONDS
+        line = b""
+        while time.monotonic() < deadline and not line.endswith(b"\n"):
+            if selector.select(timeout=0.5):
+                chunk = self.process.stdout.read1(4096)  # type: ignore[attr-defined]
+                if not chunk:
+                    break
+                line += chunk
+        selector.close()
+        if not line.startswith(b"listening on "):
+            self.process.kill()
+            self.process.wait(STOP_SECONDS)
+            raise AssertionError(f"the server did not start: {line!r}\n{self.log.read_text()}")
+        return line.split()[-1].decode()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(STOP_SECONDS)
+            raise AssertionError(f"the server did not stop on SIGTERM\n{self.log.read_text()}") from None
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+        return code
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("server-db") / "demo.duckdb"
+    make_demo_database(path, rows=20_000, units=2_000)
+    return path
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server")
+
+
+@pytest.fixture(scope="module")
+def tokens(home: Path) -> dict[str, str]:
+    names = ("alice", "bob", "carol", "dave", "erin", "racer")
+    return {name: create_token(home / "auth.toml", name) for name in names}
+
+
+@pytest.fixture(scope="module")
+def server(db: Path, home: Path, tokens: dict[str, str]) -> Iterator[ServerProcess]:
+    proc = ServerProcess(db, home / "ledger.sqlite", home / "auth.toml", home / "server.log")
+    yield proc
+    assert proc.stop() == 0, proc.log.read_text()
+
+
+def client(server: ServerProcess, token: str | None) -> dpsql.Client:
+    return dpsql.Client(server.location, token=token, timeout=30)
+
+
+# ---------------------------------------------------------------- round trip
+
+
+def test_round_trip_matches_the_embedded_api(server: ServerProcess, tokens: dict[str, str], db: Path) -> None:
+    with client(server, tokens["alice"]) as remote:
+        res = remote.execute(BY_REGION, epsilon=0.5)
+        status = remote.budget()
+    with dpsql.connect(db, policy=POLICY, analyst="alice") as conn:
+        local = conn.execute(BY_REGION, epsilon=0.5)
+    assert isinstance(res, dpsql.Result)
+    assert res.arrow().schema == local.arrow().schema and res.arrow().schema.metadata is None
+    assert res.arrow().num_rows == 4 and res.columns == ["region", "n", "avg_income"]
+    assert res.arrow()["region"].to_pylist() == ["north", "south", "east", "west"]
+    assert len(res.fetchall()) == 4 and list(res.df().columns) == res.columns
+    assert (res.privacy.epsilon, res.privacy.delta) == (0.5, 0)
+    assert res.privacy.columns == local.privacy.columns  # mechanisms, noise std, measurements
+    assert "n: laplace" in repr(res.privacy)
+    assert res.accuracy.cells("n") == local.accuracy.cells("n") and res.accuracy["region"] == 0
+    assert all(math.isfinite(c) for c in res.accuracy.cells("avg_income"))
+    assert "±" in res.format() and res.sql == BY_REGION
+    assert (status.analyst, status.epsilon_spent, status.epsilon_remaining, status.queries) == ("alice", 0.5, 9.5, 1)
+
+
+def test_gaussian_with_delta(server: ServerProcess, tokens: dict[str, str]) -> None:
+    with client(server, tokens["bob"]) as remote:
+        res = remote.execute("SELECT COUNT(*) AS n FROM visits", epsilon=0.25, delta=1e-7)
+        assert res.privacy.columns["n"].mechanism == "gaussian"
+        assert remote.budget().delta_spent == pytest.approx(1e-7)
+
+
+def test_explain_matches_the_embedded_api_and_charges_nothing(
+    server: ServerProcess, tokens: dict[str, str], db: Path
+) -> None:
+    with client(server, tokens["carol"]) as remote:
+        before = remote.budget().queries
+        explanation = remote.explain(BY_REGION, epsilon=0.5)
+        assert remote.budget().queries == before
+    with dpsql.connect(db, policy=POLICY, analyst="carol") as conn:
+        local = conn.explain(BY_REGION, epsilon=0.5)
+    assert (explanation.epsilon, explanation.delta) == (local.epsilon, local.delta)
+    assert explanation.bounded_sql == local.bounded_sql
+    assert explanation.mechanisms == local.mechanisms
+    assert explanation.accuracy == pytest.approx(local.accuracy)
+    assert explanation.mechanism == "laplace" and "COUNT(*)" in repr(explanation)
+
+
+def test_repeats_behave_as_embedded(server: ServerProcess, home: Path, db: Path, tmp_path: Path) -> None:
+    """A repeat is free and gives the same answer when the embedded API says so."""
+    sql = "SELECT COUNT(*) AS repeated FROM visits"
+    with dpsql.connect(db, policy=POLICY, analyst="jill", ledger=tmp_path / "ledger.sqlite") as conn:
+        first, again = conn.execute(sql, epsilon=0.5), conn.execute(sql, epsilon=0.5)
+        local = (getattr(first, "cached", False), getattr(again, "cached", False), conn.budget().queries)
+        local_same = again.fetchall() == first.fetchall()
+        local_notes = again.privacy.notes
+    with client(server, create_token(home / "auth.toml", "jill")) as remote:
+        first, again = remote.execute(sql, epsilon=0.5), remote.execute(sql, epsilon=0.5)
+        assert (first.cached, again.cached, remote.budget().queries) == local  # type: ignore[attr-defined]
+        assert (again.fetchall() == first.fetchall()) == local_same
+        assert again.privacy.notes == local_notes
+
+
+def test_health_needs_no_token(server: ServerProcess) -> None:
+    with client(server, None) as anonymous:
+        assert anonymous.health() == {"status": "ok", "version": dpsql.__version__}
+        with pytest.raises(dpsql.AuthenticationError, match="no token"):
+            anonymous.execute("SELECT COUNT(*) FROM visits")
+
+
+# ---------------------------------------------------------------- tokens
+
+
+@pytest.mark.parametrize("bad", ["", "garbage", "0123456789ab.nope"])
+def test_bad_tokens_are_refused(server: ServerProcess, tokens: dict[str, str], bad: str) -> None:
+    token_id = tokens["dave"].split(".")[0]
+    for token in (bad or None, f"{token_id}.{'x' * 43}"):
+        with client(server, token) as remote:
+            with pytest.raises(dpsql.AuthenticationError):
+                remote.execute("SELECT COUNT(*) FROM visits", epsilon=0.1)
+            with pytest.raises(dpsql.AuthenticationError):
+                remote.budget()
+    with client(server, tokens["dave"]) as remote:
+        assert remote.budget().queries == 0  # nothing was charged to dave
+
+
+def test_revoked_token_fails_at_its_next_request(server: ServerProcess, home: Path) -> None:
+    auth = home / "auth.toml"
+    token = create_token(auth, "frank")
+    with client(server, token) as remote:
+        remote.execute("SELECT COUNT(*) FROM visits", epsilon=0.1)
+        revoke_token(auth, "frank")
+        with pytest.raises(dpsql.AuthenticationError, match="wrong or revoked"):
+            remote.execute("SELECT COUNT(*) FROM visits", epsilon=0.1)
+        with pytest.raises(dpsql.AuthenticationError):
+            remote.budget()
+    again = create_token(auth, "frank")  # a new token for the same analyst: same budget
+    with client(server, again) as remote:
+        assert remote.budget().queries == 1
+
+
+def test_a_raw_flight_client_without_the_protocol_gets_clear_errors(
+    server: ServerProcess, tokens: dict[str, str]
+) -> None:
+    raw = flight.connect(server.location)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {tokens['erin']}".encode())], timeout=30)
+    with pytest.raises(flight.FlightServerError, match="malformed request") as info:
+        raw.do_get(flight.Ticket(b"not json"), options).read_all()
+    assert json.loads(info.value.extra_info)["error"] == "Error"
+    with pytest.raises(flight.FlightServerError, match="unknown action"):
+        list(raw.do_action(flight.Action("drop_everything", b""), options))
+    assert {a.type for a in raw.list_actions(options)} == {"budget", "explain", "health"}
+    basic = flight.FlightCallOptions(headers=[(b"authorization", b"Basic YWxpY2U6eA==")], timeout=30)
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        list(raw.do_action(flight.Action("budget", b""), basic))
+    raw.close()
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(("sql", "epsilon"), REFUSED)
+def test_refusals_carry_the_embedded_class_and_message(
+    server: ServerProcess, tokens: dict[str, str], db: Path, sql: str, epsilon: float | None
+) -> None:
+    with dpsql.connect(db, policy=POLICY, analyst="erin") as conn:
+        with pytest.raises(dpsql.Error) as local:
+            conn.execute(sql, epsilon=epsilon)
+    with client(server, tokens["erin"]) as remote:
+        with pytest.raises(dpsql.Error) as far:
+            remote.execute(sql, epsilon=epsilon)
+        assert type(far.value) is type(local.value)
+        assert type(far.value) in (dpsql.QueryRejected, dpsql.PolicyViolation)
+        assert str(far.value) == str(local.value)
+        assert remote.budget().queries == 0
+
+
+def test_budget_exhaustion_over_the_network(server: ServerProcess, home: Path) -> None:
+    token = create_token(home / "auth.toml", "gina")  # default budget: epsilon 5
+    with client(server, token) as remote:
+        for i in range(5):
+            remote.execute(f"SELECT COUNT(*) AS n{i} FROM visits", epsilon=1.0)
+        with pytest.raises(dpsql.BudgetExceeded, match="Budget exceeded for analyst 'gina'") as info:
+            remote.execute("SELECT COUNT(*) AS n FROM visits", epsilon=0.5)
+        assert info.value.requested == (0.5, 0.0) and info.value.remaining == (0.0, 1e-5)
+        assert remote.budget().epsilon_remaining == 0
+
+
+RACER = textwrap.dedent("""
+    import os, sys, time, dpsql
+    location, token, gate, name = sys.argv[1:]
+    granted = refused = 0
+    with dpsql.Client(location, token=token, timeout=60) as client:
+        client.health()                      # connected: now wait for the others
+        open(os.path.join(gate, name), "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(gate, "go")) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        for i in range(30):
+            try:  # a new query each time (a repeat would be free)
+                client.execute(f"SELECT COUNT(*) AS n_{name}_{i} FROM visits", epsilon=0.5)
+                granted += 1
+            except dpsql.BudgetExceeded:
+                refused += 1
+                if refused >= 3:
+                    break
+    print(granted, refused)
+""")
+
+
+def test_eight_client_processes_get_exactly_the_budget(
+    server: ServerProcess, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    racers = [
+        subprocess.Popen([sys.executable, "-c", RACER, server.location, tokens["racer"], str(tmp_path), f"ready{i}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        for i in range(8)
+    ]
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("ready*"))) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()  # all at once
+    granted = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=60)
+        assert racer.returncode == 0, err
+        granted.append(int(out.split()[0]))
+    assert sum(granted) == 10, granted  # epsilon 5 / 0.5 per query, across all processes, never more
+    with client(server, tokens["racer"]) as remote:
+        status = remote.budget()
+    assert (status.queries, status.epsilon_spent, status.epsilon_remaining) == (10, 5.0, 0.0)
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def test_restart_keeps_the_ledger_and_sigterm_is_clean(db: Path, tmp_path: Path) -> None:
+    auth, ledger, log = tmp_path / "auth.toml", tmp_path / "ledger.sqlite", tmp_path / "server.log"
+    token = create_token(auth, "hank")
+    first = ServerProcess(db, ledger, auth, log)
+    try:
+        with client(first, token) as remote:
+            for i in range(3):
+                remote.execute(f"SELECT COUNT(*) AS n{i} FROM visits", epsilon=0.5)
+            before = remote.budget()
+    finally:
+        assert first.stop() == 0
+    assert "received SIGTERM" in log.read_text() and "stopped; the ledger is closed" in log.read_text()
+    with client(first, token) as remote:  # nobody listens there now
+        with pytest.raises(dpsql.Error, match="cannot reach the dpsql server"):
+            remote.budget()
+    second = ServerProcess(db, ledger, auth, log)
+    try:
+        with client(second, token) as remote:
+            assert remote.budget() == before
+            assert (before.queries, before.epsilon_spent) == (3, 1.5)
+            remote.execute("SELECT COUNT(*) AS n3 FROM visits", epsilon=0.5)
+            assert remote.budget().queries == 4
+    finally:
+        assert second.stop() == 0
+
+
+def test_logs_say_who_asked_what_and_never_a_token_or_value(
+    server: ServerProcess, tokens: dict[str, str]
+) -> None:
+    with client(server, tokens["bob"]) as remote:
+        res = remote.execute("SELECT AVG(income) AS avg_income FROM visits", epsilon=0.5)
+        with pytest.raises(dpsql.PolicyViolation):
+            remote.execute("SELECT ssn FROM visits")
+    with client(server, tokens["bob"] + "x") as wrong:
+        with pytest.raises(dpsql.AuthenticationError):
+            wrong.budget()
+    noisy = res.fetchall()[0][0]
+    text = server.log.read_text()
+    assert "query analyst='bob' sql='SELECT AVG(income) AS avg_income FROM visits' epsilon=0.5" in text
+    assert "charged epsilon=0.5 delta=0" in text
+    assert "query analyst='bob' sql='SELECT ssn FROM visits' epsilon=default delta=default refused: PolicyViolation" in text
+    assert "authentication failed" in text
+    for token in tokens.values():
+        assert token not in text and token.split(".")[1] not in text
+    assert repr(noisy) not in text and f"{noisy:g}" not in text
+
+
+def test_connection_refused_is_a_clear_error() -> None:
+    with dpsql.Client("grpc://127.0.0.1:1", token="x.y", timeout=10) as remote:
+        with pytest.raises(dpsql.Error, match="cannot reach the dpsql server at grpc://127.0.0.1:1"):
+            remote.health()
+    with pytest.raises(dpsql.Error, match="grpc://HOST:PORT"):
+        dpsql.Client("http://127.0.0.1:8815")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_tls(db: Path, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=60,
+    )
+    auth = tmp_path / "auth.toml"
+    token = create_token(auth, "ivy")
+    proc = ServerProcess(db, tmp_path / "ledger.sqlite", auth, tmp_path / "server.log",
+                         "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        assert proc.location.startswith("grpc+tls://127.0.0.1:")
+        with dpsql.Client(proc.location, token=token, tls_root_certs=cert, timeout=30) as remote:
+            assert len(remote.execute(BY_REGION, epsilon=0.5)) == 4
+        plain = proc.location.replace("grpc+tls://", "grpc://")
+        with dpsql.Client(plain, token=token, timeout=10) as remote:
+            with pytest.raises(dpsql.Error):
+                remote.budget()
+    finally:
+        assert proc.stop() == 0
