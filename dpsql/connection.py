@@ -50,10 +50,13 @@ from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
-from dpsql.rewrite import bounded_query, value_query
+from dpsql.rewrite import bounded_query, salt_parameters, value_query
 from dpsql.udf.registry import UDF, validate_udf
 
 __all__ = ["Connection", "Explanation", "connect"]
+
+#: Plans remembered per connection.
+_PLAN_CACHE = 256
 
 #: Keys from a joined public table with more distinct values than this are treated as private.
 MAX_PUBLIC_KEYS = 10_000
@@ -92,6 +95,8 @@ class Connection:
         self._closed = False
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
+        self._plans: dict[tuple[str, float | None, float | None], QueryPlan] = {}
+        self._sql_texts: dict[int, tuple[QueryPlan, str]] = {}
         self._answers: RepeatCache | None = None
         if repeats and hasattr(engine, "fingerprint") and hasattr(engine, "run_fingerprinted"):
             self._answers = answers if answers is not None else RepeatCache.beside(getattr(ledger, "path", None))
@@ -107,8 +112,24 @@ class Connection:
         return self._policy
 
     def plan(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> QueryPlan:
-        """Analyze ``sql``: every check, no data read, nothing charged."""
+        """Analyze ``sql``: every check, no data read, nothing charged.
+
+        Plans are remembered per (SQL text, epsilon, delta) for this connection (they depend
+        only on those, the policy, the schema and the registered UDFs, which clears them)."""
         self._check_open()
+        key = (sql, epsilon, delta)
+        cached = self._plans.get(key) if isinstance(sql, str) else None
+        if cached is not None:
+            return cached
+        plan = self._analyze(sql, epsilon=epsilon, delta=delta)
+        if isinstance(sql, str):
+            if len(self._plans) >= _PLAN_CACHE:
+                self._plans.pop(next(iter(self._plans)))
+                self._sql_texts.clear()
+            self._plans[key] = plan
+        return plan
+
+    def _analyze(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> QueryPlan:
         plan = analyze(
             sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
             public_values=self._public_values, udfs=self._udfs,
@@ -221,7 +242,8 @@ class Connection:
         budget = self._policy.budget_for(self._analyst)
         if self._answers is None or _uses_udf(plan):
             self._precheck(plan, budget)
-            exact = self._engine.run(bounded_query(plan, self._engine))
+            text = self._bounded_sql(plan)
+            exact = self._engine.run(text, salt_parameters(text))
             noisy, report = self._noisy(plan, exact)
             self._ledger.charge(self._analyst, budget, _charge(plan, sql))
             table, cells = self._post.run(plan, noisy)
@@ -232,8 +254,8 @@ class Connection:
         if cached is not None:
             return _repeat(plan, cached, sql)
         self._precheck(plan, budget)
-        query = bounded_query(plan, self._engine)
-        exact, read = self._engine.run_fingerprinted(query, tables)  # type: ignore[attr-defined]
+        text = self._bounded_sql(plan)
+        exact, read = self._engine.run_fingerprinted(text, tables, salt_parameters(text))  # type: ignore[attr-defined]
         key = self._repeat_key(plan, sql, read)  # the data this answer was computed from
         noisy, report = self._noisy(plan, exact)
         if plan.value_releases and self._engine.fingerprint(tables) != read:  # type: ignore[attr-defined]
@@ -248,6 +270,15 @@ class Connection:
             if key:
                 claim.put(key, self._anchor(), self._analyst, sql, table, cells, asdict(result.privacy))
         return result
+
+    def _bounded_sql(self, plan: QueryPlan) -> str:
+        """The bounded query's text, its salts left as parameters: generated once per plan
+        (a plan is immutable; generating SQL is most of a small query's fixed cost)."""
+        text = self._sql_texts.get(id(plan))
+        if text is None or text[0] is not plan:
+            text = (plan, bounded_query(plan, self._engine).sql(dialect=self._engine.dialect))
+            self._sql_texts[id(plan)] = text
+        return text[1]
 
     def _noisy(self, plan: QueryPlan, exact: pa.Table) -> tuple[pa.Table, dict[str, list[object]]]:
         """Noisy aggregates, fetching first the values order statistics and UDFs read."""
@@ -275,6 +306,8 @@ class Connection:
         """
         udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)  # type: ignore[arg-type]
         self._udfs[udf.name] = udf
+        self._plans.clear()
+        self._sql_texts.clear()
 
     def _repeat_key(self, plan: QueryPlan, sql: str, data: str) -> str:
         return repeat_key(

@@ -41,6 +41,7 @@ from typing import Protocol
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import sqlglot
 import sqlglot.expressions as exp
 
 from dpsql.errors import Error, InternalError
@@ -86,8 +87,8 @@ class Engine(Protocol):
         """A (public) table's distinct values of a column, ``None`` past ``limit``."""
         ...
 
-    def run(self, query: exp.Expression) -> pa.Table:
-        """Run a query tree and return all of its rows."""
+    def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
+        """Run a query (a tree, or SQL text in the engine's dialect) and return its rows."""
         ...
 
     def close(self) -> None: ...
@@ -151,10 +152,10 @@ class DuckDBEngine:
         values = self.run(query).column(0).to_pylist()
         return None if len(values) > limit else tuple(values)
 
-    def run(self, query: exp.Expression) -> pa.Table:
-        sql = query.sql(dialect=self.dialect)
+    def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
+        sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
         with self._lock:
-            return self._con.sql(sql).to_arrow_table()
+            return self._con.sql(sql, params=params or None).to_arrow_table()
 
     def fingerprint(self, tables: Iterable[str]) -> str:
         """A digest of the current contents of ``tables`` (see the module docstring).
@@ -179,12 +180,16 @@ class DuckDBEngine:
             self._fingerprints.update(zip(missing, self._read_fingerprints(missing)))
         return _digest({name: self._fingerprints[name] for name in names})
 
-    def run_fingerprinted(self, query: exp.Expression, tables: Iterable[str]) -> tuple[pa.Table, str]:
+    def run_fingerprinted(
+        self, query: exp.Expression | str, tables: Iterable[str], params: Mapping[str, object] | None = None
+    ) -> tuple[pa.Table, str]:
         """:meth:`run` ``query``, with the :meth:`fingerprint` of ``tables`` as of the
         snapshot the query read: a wrapped connection computes both in one statement."""
         names = sorted({name.casefold() for name in tables})
         if self._owned:
-            return self.run(query), self.fingerprint(names)
+            return self.run(query, params), self.fingerprint(names)
+        if isinstance(query, str):
+            query = sqlglot.parse_one(query, read=self.dialect)
         fingerprint = _fingerprint_select(self, names)
         marked = exp.select(exp.Star(), exp.alias_(exp.true(), "__present", quoted=True)).from_(
             exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__q", quoted=True)))
@@ -194,7 +199,7 @@ class DuckDBEngine:
             .from_(fingerprint.subquery("__fp"))
             .join(marked.subquery("__qm"), join_type="left", on=exp.true())
         )
-        table = self.run(both)
+        table = self.run(both, params)
         if table.num_rows == 0:
             raise InternalError("the fingerprinted query returned no fingerprint row; this is probably a bug")
         digests = _fingerprint_values(table, len(names))

@@ -25,6 +25,7 @@ Measured alternatives are in ``benchmarks/README.md``.
 
 from __future__ import annotations
 
+import re
 import secrets
 
 import sqlglot.expressions as exp
@@ -34,7 +35,7 @@ from dpsql.engine import Engine
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.predicates import family
 
-__all__ = ["bounded_query", "new_salt", "value_query"]
+__all__ = ["bounded_query", "new_salt", "salt_parameters", "value_query"]
 
 _LIMIT = 2**62
 
@@ -58,21 +59,30 @@ def _func(name: str, *args: exp.Expression) -> exp.Expression:
     return exp.Anonymous(this=name, expressions=list(args))
 
 
-def _keyed_hash(salt: int, *args: exp.Expression) -> exp.Expression:
+def _keyed_hash(salt: int | str, *args: exp.Expression) -> exp.Expression:
     """``hash(xor(hash(args), salt))``: a keyed hash whose order changes with the salt.
 
     DuckDB's multi-argument ``hash`` folds its last argument in with XOR, so a salt passed as
     one more argument only flips fixed bits of every key and can reach few orders (measured:
     30 distinct 3-of-20 row choices over 2000 salts). Hashing again after the XOR mixes the
-    salt in non-linearly (932 of the ~930 expected).
+    salt in non-linearly (932 of the ~930 expected). ``salt`` is a literal, or the name of a
+    query parameter (``$name``) bound at run time, so one SQL text serves every query.
     """
-    salted = _func("xor", _func("hash", *args), exp.cast(_int(salt), exp.DataType.build("UBIGINT", dialect="duckdb")))
+    value: exp.Expression = exp.Placeholder(this=salt) if isinstance(salt, str) else _int(salt)
+    salted = _func("xor", _func("hash", *args), exp.cast(value, exp.DataType.build("UBIGINT", dialect="duckdb")))
     return _func("hash", salted)
 
 
+def salt_parameters(sql: str) -> dict[str, int]:
+    """Fresh secret salts for the parameters a bounded query's text uses."""
+    return {name: new_salt() for name in ("salt", "salt2") if re.search(rf"\${name}\b", sql)}
+
+
 def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> exp.Select:
-    """The SQL whose result is one row per group with every measurement's exact bounded sum."""
-    salt = new_salt() if salt is None else salt
+    """The SQL whose result is one row per group with every measurement's exact bounded sum.
+
+    With ``salt=None`` the keyed hash takes the query parameter ``$salt2``: bind a fresh
+    secret salt per run (:func:`salt_parameters`), so the SQL text can be reused."""
     rows = _rows(plan, engine)
     if plan.unit_column is None and not plan.unit_is_row:
         return _final(plan, rows, per_row=True)
@@ -244,9 +254,9 @@ def _rescaled_sum(v: exp.Column, cap: exp.Literal) -> exp.Expression:
     return exp.Case(ifs=[exp.If(this=exp.GT(this=n, expression=cap.copy()), true=scaled)], default=total)
 
 
-def _kept(plan: QueryPlan, pairs: exp.Select, salt: int) -> exp.Select:
+def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None) -> exp.Select:
     keys = [_col(k.name) for k in plan.group_keys]
-    order = _keyed_hash(salt ^ 0x5A5A5A5A5A5A5A5, _col("__u"), *keys)
+    order = _keyed_hash("salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, _col("__u"), *keys)
     rank = exp.Window(this=exp.RowNumber(), partition_by=[_col("__u")], order=exp.Order(expressions=[exp.Ordered(this=order)]))
     query = exp.select(exp.Star()).from_(pairs.subquery("__pairs"))
     query.set("qualify", exp.Qualify(this=exp.LTE(this=rank, expression=_int(plan.max_groups_per_unit))))

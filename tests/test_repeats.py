@@ -254,9 +254,9 @@ def test_a_file_is_fingerprinted_once_per_connection(db_file: Path, monkeypatch:
     scans: list[str] = []
     run = DuckDBEngine.run
 
-    def counting(self: DuckDBEngine, query: exp.Expression) -> Any:
-        scans.append(query.sql(dialect="duckdb"))
-        return run(self, query)
+    def counting(self: DuckDBEngine, query: exp.Expression | str, params: Any = None) -> Any:
+        scans.append(query if isinstance(query, str) else query.sql(dialect="duckdb"))
+        return run(self, query, params)
 
     monkeypatch.setattr(DuckDBEngine, "run", counting)
     with dpsql.connect(db_file, policy=policy(), analyst="alice") as conn:
