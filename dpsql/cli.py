@@ -379,6 +379,18 @@ _DEMO_QUERIES = (
         "SELECT COUNT(DISTINCT user_id) AS users FROM visits",
         0.2,
     ),
+    _DemoQuery(
+        "Cities are not listed in the policy: only cities with enough users pass partition selection.",
+        "SELECT city, COUNT(*) AS n FROM visits GROUP BY city ORDER BY n DESC LIMIT 5",
+        0.5,
+        1e-7,
+    ),
+    _DemoQuery(
+        "An order statistic: the median age, by smooth sensitivity or PTR (the result says which).",
+        "SELECT MEDIAN(age) AS median_age, STDDEV(age) AS sd_age FROM visits",
+        0.5,
+        1e-7,
+    ),
 )
 
 _REFUSED_DEMO_QUERY = "SELECT ssn, income FROM visits WHERE age > 90"
