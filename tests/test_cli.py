@@ -233,7 +233,7 @@ def test_demo_builds_queries_and_shows_a_refusal(tmp_path, capsys):
         assert sql in out
     assert "n: gaussian" in out and "n: laplace" in out and "avg_income: laplace" in out
     assert "error: column 'ssn' of table 'visits' is denied" in out
-    assert "nothing was charged. budget left for alice: epsilon 8.4 of 10" in out
+    assert "nothing was charged. budget left for alice: epsilon 7.4 of 10" in out
 
     assert main(argv) == 0  # the second run reuses the cached database
     assert "(cached; delete it to rebuild)" in capsys.readouterr().out
