@@ -327,10 +327,13 @@ class Connection:
         return self._anchor_cache
 
     def _precheck(self, plan: QueryPlan, budget: object) -> None:
-        """Refuse before reading data when the budget clearly cannot pay. Only for the basic
-        accountant, where a query costs exactly its own (epsilon, delta); a tighter
-        accountant composes to less, so its ledger's charge is the only check."""
+        """Refuse before reading data when the budget cannot pay. The basic accountant's cost
+        is the query's own (epsilon, delta); a tighter accountant's is its composition, asked
+        of the ledger as a dry run (:meth:`~dpsql.accounting.Ledger.check`, writes nothing)."""
         if getattr(getattr(self._ledger, "accountant", None), "name", "basic") != "basic":
+            check = getattr(self._ledger, "check", None)
+            if check is not None:
+                check(self._analyst, budget, _charge(plan, plan.sql))
             return
         status = self._ledger.status(self._analyst, budget)  # type: ignore[arg-type]
         if plan.epsilon > status.epsilon_remaining + 1e-12 or plan.delta > status.delta_remaining + 1e-18:

@@ -450,7 +450,7 @@ def _epsilon_from_atoms(losses: FloatArray, probs: FloatArray, infinity: float,
         chunk, chunk_losses = probs[begin:end], losses[begin:end]
         uppers = upper + np.concatenate(([0.0], np.cumsum(chunk)))
         lowers = lower + np.concatenate(([0.0], np.cumsum(chunk * np.exp(-chunk_losses))))
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             candidates = np.log((uppers[:-1] - delta) / lowers[:-1])
         stop = (uppers[:-1] > delta) & (lowers[:-1] > 0) & (candidates >= chunk_losses)
         if stop.any():
