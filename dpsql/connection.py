@@ -45,13 +45,13 @@ from dpsql.engine import DuckDBEngine, Engine
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.mechanisms import RandomSource
-from dpsql.plan import QueryPlan
+from dpsql.plan import QueryPlan, ValueRelease
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 from dpsql.rewrite import bounded_query, salt_parameters, value_query
-from dpsql.udf.registry import UDF, validate_udf
+from dpsql.udf.registry import UDF, choose_strategy, validate_udf
 
 __all__ = ["Connection", "Explanation", "connect"]
 
@@ -458,6 +458,24 @@ def _with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]
     return result
 
 
+def _expected_value_privacy(releases: list[ValueRelease]) -> ColumnPrivacy:
+    """The mechanism an order statistic or UDF is expected to use, before running: the
+    choice is made per group from a noisy unit count, so this models a group of
+    ``_NOMINAL_UNITS`` units (it decides only between PTR and smooth sensitivity)."""
+    names = {"smooth": "smooth_sensitivity", "ptr": "ptr", "sample_and_aggregate": "sample_and_aggregate"}
+    described = []
+    for r in releases:
+        eps = r.epsilon * (1 - ValueRelease.COUNT_SHARE)
+        strategy, why = choose_strategy(r.target, _NOMINAL_UNITS, eps, r.delta, rows_per_unit=r.rows_per_unit)  # type: ignore[arg-type]
+        described.append({**r.describe(), "mechanism": names[strategy], "why": why, "decided": "per group at run time"})
+    mechanism = "+".join(sorted({str(d["mechanism"]) for d in described}))
+    return ColumnPrivacy(mechanism, None, tuple(described))
+
+
+#: The group size :func:`_expected_value_privacy` models.
+_NOMINAL_UNITS = 1000
+
+
 def _privacy_report(plan: QueryPlan) -> PrivacyReport:
     by_name = {a.name: a for a in plan.aggregates}
     keys = {k.name: k for k in plan.group_keys}
@@ -466,6 +484,10 @@ def _privacy_report(plan: QueryPlan) -> PrivacyReport:
         refs = [c.name for c in projection.find_all(exp.Column)]
         used = [by_name[r] for r in refs if r in by_name]
         measurements = tuple(plan.measurement(n) for a in used for n in a.measurements)
+        values = [r for r in plan.value_releases if r.name in refs]
+        if values and not measurements:
+            columns[name] = _expected_value_privacy(values)
+            continue
         if not measurements:
             private = any(r in keys and not keys[r].is_public for r in refs)
             public = any(r in keys for r in refs)

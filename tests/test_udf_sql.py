@@ -130,3 +130,13 @@ def test_forced_ptr_refusal_is_charged_and_null(tmp_path: Path) -> None:
         assert res.fetchall() == [(None,)]
         assert any("refused" in n for n in res.privacy.notes)
         assert conn.budget().epsilon_spent == 1.0
+
+
+def test_explain_names_the_strategy_before_running(conn) -> None:
+    before = conn.budget().queries
+    with_delta = conn.explain("SELECT MEDIAN(x) AS m FROM t", epsilon=1.0, delta=1e-6)
+    assert with_delta.columns["m"].mechanism == "smooth_sensitivity"
+    assert "smooth sensitivity" in with_delta.columns["m"].measurements[0]["why"]
+    without = conn.explain("SELECT MEDIAN(x) AS m FROM t", epsilon=1.0)
+    assert without.columns["m"].mechanism == "sample_and_aggregate"
+    assert conn.budget().queries == before
