@@ -64,7 +64,7 @@ import io
 import json
 import math
 import os
-import random
+import secrets
 import sqlite3
 import threading
 import time
@@ -329,7 +329,7 @@ def _prepare_patiently(conn: sqlite3.Connection, path: str | None) -> None:
                 raise
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            time.sleep(0.005 + 0.01 * random.random())
+            time.sleep(0.005 + secrets.randbelow(10_000) / 1_000_000)  # jitter, not noise
 
 
 def _prepare(conn: sqlite3.Connection, path: str | None) -> None:
