@@ -72,13 +72,24 @@ class _Context:
 PublicValues = Callable[[str, str], "tuple[object, ...] | None"]
 
 
+#: The smallest non-zero delta accepted (a smaller one would overflow ln(1/delta) bounds).
+MIN_DELTA = 1e-100
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def resolve_budget(policy: Policy, epsilon: float | None, delta: float | None) -> tuple[float, float]:
     """The query's (epsilon, delta), defaulted and checked against the policy caps."""
     eps = policy.default_epsilon if epsilon is None else epsilon
     dlt = 0.0 if delta is None else delta
     for name, value in (("epsilon", eps), ("delta", dlt)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise QueryRejected(f"{name} must be a finite number, got {value!r}.")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+            raise QueryRejected(f"{name} must be a finite number, got {str(value)[:40]!r}.")
     if eps <= 0:
         raise QueryRejected(f"epsilon must be > 0, got {eps}; pass e.g. epsilon=0.5.")
     if eps > policy.max_epsilon_per_query:
@@ -88,6 +99,11 @@ def resolve_budget(policy: Policy, epsilon: float | None, delta: float | None) -
         )
     if dlt < 0 or dlt >= 1:
         raise QueryRejected(f"delta must be in [0, 1), got {dlt}; use 0 for pure epsilon-DP.")
+    if 0 < dlt < MIN_DELTA:
+        raise QueryRejected(
+            f"delta={dlt} is below {MIN_DELTA:g}, which no mechanism can tell from 0; pass delta=0 "
+            "for pure epsilon-DP."
+        )
     if dlt > policy.max_delta_per_query:
         raise PolicyViolation(
             f"delta={dlt} is above the policy's max_delta_per_query="

@@ -39,7 +39,7 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.accounting import BudgetStatus, Charge, Ledger
-from dpsql.analyze import analyze
+from dpsql.analyze import analyze, resolve_budget
 from dpsql.cache import REPEAT_NOTE, CachedAnswer, RepeatCache, policy_fingerprint, repeat_key
 from dpsql.engine import DuckDBEngine, Engine
 from dpsql.errors import BudgetExceeded, Error
@@ -117,6 +117,7 @@ class Connection:
         Plans are remembered per (SQL text, epsilon, delta) for this connection (they depend
         only on those, the policy, the schema and the registered UDFs, which clears them)."""
         self._check_open()
+        epsilon, delta = resolve_budget(self._policy, epsilon, delta)  # checked before any lookup
         key = (sql, epsilon, delta)
         cached = self._plans.get(key) if isinstance(sql, str) else None
         if cached is not None:

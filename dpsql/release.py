@@ -259,6 +259,14 @@ def _spread(
     approximation, like AVG's), capped at ``h^2`` (``h`` for STDDEV).
     """
     assert agg.bounds is not None
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # clamped below
+        return _spread_values(agg, squares, total, count, released)
+
+
+def _spread_values(
+    agg: Aggregate, squares: Measurement, total: Measurement, count: Measurement, released: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    assert agg.bounds is not None
     h = (agg.bounds[1] - agg.bounds[0]) / 2
     n = np.maximum(released[count.name] * count.lattice, 1.0)
     s1 = released[total.name] * total.lattice

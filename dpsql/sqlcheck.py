@@ -89,7 +89,9 @@ _STATEMENT_NAMES = {
 
 def parse_select(sql: str) -> exp.Select:
     """Parse exactly one SELECT statement, or raise :class:`QueryRejected`."""
-    if not isinstance(sql, str) or not sql.strip():
+    if not isinstance(sql, str):
+        raise QueryRejected(f"the query must be a string of SQL, got {type(sql).__name__}.")
+    if not sql.strip():
         raise QueryRejected("the query is empty; send one SELECT statement.")
     try:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]

@@ -88,6 +88,13 @@ def _table_state(path: Path) -> tuple[Any, ...]:
     return visits, regions, tuple(tables)
 
 
+class _State(dict):  # type: ignore[type-arg]
+    """The module's connection and raw values; a short repr keeps failure reports readable."""
+
+    def __repr__(self) -> str:
+        return "<fuzz_db>"
+
+
 @pytest.fixture(scope="module")
 def fuzz_db(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     path = tmp_path_factory.mktemp("fuzz") / "demo.duckdb"
@@ -101,7 +108,7 @@ def fuzz_db(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert ssns and zips
     before = _table_state(path)
     conn = dpsql.connect(path, policy=_rich_policy(), analyst="alice", ledger=None, repeats=False)
-    state: dict[str, Any] = {"path": path, "conn": conn, "ssns": ssns, "zips": zips, "outcomes": Counter()}
+    state = _State(path=path, conn=conn, ssns=ssns, zips=zips, outcomes=Counter())
     yield state
     print(f"\nfuzz outcomes ({sum(state['outcomes'].values())} cases): {dict(state['outcomes'].most_common())}")
     conn.close()
@@ -154,8 +161,8 @@ def _check(state: dict[str, Any], sql: str, epsilon: Any, delta: Any, api: str, 
 # ---------------------------------------------------------------- epsilon and delta
 
 VALID_EPSILON = st.one_of(st.none(), st.sampled_from([0.1, 0.5, 1.0]), st.floats(0.01, 1.0))
-BAD_NUMBERS = [0, 0.0, -0.0, -1, -1e-9, math.nan, -math.nan, math.inf, -math.inf, 1e300, 1e-300,
-               5e-324, 2.0, 10**400, "0.5", "x", "", "nan", True, False, b"1"]
+BAD_NUMBERS = [0, 0.0, -0.0, -1, -1e-9, math.nan, -math.nan, math.inf, -math.inf, 1e300, 1e-300, 10**400, 5e-324,
+               2.0, "0.5", "x", "", "nan", True, False, b"1"]
 EPSILONS = st.one_of(VALID_EPSILON, VALID_EPSILON, VALID_EPSILON, st.sampled_from(BAD_NUMBERS),
                      st.floats(allow_nan=True, allow_infinity=True))
 VALID_DELTA = st.one_of(st.none(), st.sampled_from([0, 0.0, 1e-7, 1e-6, 1e-9]))
@@ -285,8 +292,79 @@ def aggregates(draw: st.DrawFn) -> str:
     return text
 
 
+SANE_AGGREGATES = ["COUNT(*)", "COUNT({c})", "COUNT(DISTINCT user_id)", "SUM({c})", "AVG({c})", "VAR_POP({c})",
+                   "VAR_SAMP({c})", "STDDEV({c})", "STDDEV_POP({c})", "MEDIAN({c})", "QUANTILE_CONT({c}, {q})"]
+SANE_QUANTILES = ["0.5", "0.1", "0.9", "0", "1", "0.25"]
+SANE_FILTER = ["age", "income", "visits", "region", "device", "city", "zip", "user_id"]
+SANE_LITERALS = st.one_of(
+    st.integers(-10, 300).map(str), st.floats(-1e6, 1e6, allow_nan=False).map(repr),
+    st.sampled_from(["'north'", "'south'", "'mobile'", "'tablet'", "'Ashbridge'", "'Lonely Pine'", "'12345'",
+                     "NULL", "'NaN'::DOUBLE", "1e308", "-1e308", "'ｎｏｒｔｈ'", "'it''s'", "''"]),
+    LITERALS,
+)
+
+
 @st.composite
-def grammar_cases(draw: st.DrawFn) -> tuple[str, bool | None]:
+def sane_aggregates(draw: st.DrawFn) -> str:
+    text = draw(st.sampled_from(SANE_AGGREGATES)).format(
+        c=draw(st.sampled_from(NUMERIC)), q=draw(st.sampled_from(SANE_QUANTILES)))
+    choice = draw(st.integers(0, 5))
+    if choice == 0:
+        other = draw(st.sampled_from(SANE_AGGREGATES)).format(c=draw(st.sampled_from(NUMERIC)), q="0.5")
+        text = f"{text} {draw(st.sampled_from(['+', '-', '*', '/']))} {other}"
+    elif choice == 1:
+        text = f"{text} {draw(st.sampled_from(['+', '*', '/', '-']))} {draw(SANE_LITERALS)}"
+    elif choice == 2:
+        text = f"{draw(st.sampled_from(['ROUND', 'ABS', 'sqrt', 'ln', 'GREATEST']))}({text})"
+    return text
+
+
+@st.composite
+def sane_predicates(draw: st.DrawFn, depth: int = 0) -> str:
+    column = draw(st.sampled_from(SANE_FILTER))
+    choice = draw(st.integers(0, 6 if depth < 2 else 4))
+    if choice == 0:
+        return f"{column} {draw(st.sampled_from(['=', '<>', '<', '<=', '>', '>=']))} {draw(SANE_LITERALS)}"
+    if choice == 1:
+        return f"{column} {draw(st.sampled_from(['', 'NOT ']))}IN ({', '.join(draw(st.lists(SANE_LITERALS, min_size=1, max_size=4)))})"
+    if choice == 2:
+        return f"{column} BETWEEN {draw(SANE_LITERALS)} AND {draw(SANE_LITERALS)}"
+    if choice == 3:
+        return f"{column} {draw(st.sampled_from(['LIKE', 'ILIKE', 'NOT LIKE']))} {draw(LITERAL_STRINGS)}"
+    if choice == 4:
+        return f"{column} IS {draw(st.sampled_from(['NULL', 'NOT NULL']))}"
+    if choice == 5:
+        return f"({draw(sane_predicates(depth + 1))} {draw(st.sampled_from(['AND', 'OR']))} {draw(sane_predicates(depth + 1))})"
+    return f"NOT ({draw(sane_predicates(depth + 1))})"
+
+
+@st.composite
+def sane_cases(draw: st.DrawFn) -> tuple[str, bool | None]:
+    """Mostly answerable queries, so that the noisy path (not only refusals) is fuzzed."""
+    join = draw(st.booleans())
+    source = "visits v JOIN regions r ON v.region = r.region" if join else draw(st.sampled_from(["visits", "visits v"]))
+    select = [draw(sane_aggregates()) for _ in range(draw(st.integers(1, 3)))]
+    keys = ["region", "device", "city"] + (["r.name", "r.population"] if join else [])
+    group = draw(st.lists(st.sampled_from(keys), max_size=2, unique=True))
+    names = [f"c{i}" for i in range(len(group + select))]
+    sql = "SELECT " + ", ".join(f"{e} AS {n}" for e, n in zip(group + select, names)) + f" FROM {source}"
+    if draw(st.booleans()):
+        sql += f" WHERE {draw(sane_predicates())}"
+    if group:
+        sql += f" GROUP BY {', '.join(group)}"
+        if draw(st.integers(0, 3)) == 0:
+            sql += f" HAVING {draw(sane_aggregates())} {draw(st.sampled_from(['>', '<']))} {draw(SANE_LITERALS)}"
+        if draw(st.integers(0, 2)) == 0:
+            sql += f" ORDER BY {draw(st.sampled_from(names))} {draw(st.sampled_from(['', 'DESC']))}"
+        if draw(st.integers(0, 2)) == 0:
+            sql += f" LIMIT {draw(st.one_of(st.integers(-2, 5).map(str), huge_ints.map(str)))}"
+    if draw(st.integers(0, 5)) == 0:
+        sql = f"WITH t AS (SELECT * FROM visits WHERE {draw(sane_predicates())}) " + sql.replace(" FROM visits", " FROM t", 1)
+    return sql, (None if group else False)
+
+
+@st.composite
+def wild_cases(draw: st.DrawFn) -> tuple[str, bool | None]:
     n = draw(st.integers(1, 4))
     select = [draw(aggregates()) for _ in range(n)]
     group: list[str] = []
@@ -339,11 +417,19 @@ def grammar_cases(draw: st.DrawFn) -> tuple[str, bool | None]:
     return sql, (None if group or wrap in (1, 2) else False)
 
 
+GRAMMAR_CASES = st.one_of(sane_cases(), wild_cases())
+SANE_EPSILON = st.one_of(st.none(), st.floats(0.05, 1.0))
+SANE_DELTA = st.sampled_from([None, 1e-7, 1e-6])
+
+
 @FUZZ_SETTINGS
-@given(case=grammar_cases(), epsilon=EPSILONS, delta=DELTAS, api=APIS)
-def test_fuzz_grammar(fuzz_db: dict[str, Any], case: tuple[str, bool | None], epsilon: Any,
-                      delta: Any, api: str) -> None:
+@given(case=GRAMMAR_CASES, sane_budget=st.integers(0, 3).map(bool), epsilon=EPSILONS, delta=DELTAS,
+       sane_epsilon=SANE_EPSILON, sane_delta=SANE_DELTA, api=APIS)
+def test_fuzz_grammar(fuzz_db: dict[str, Any], case: tuple[str, bool | None], sane_budget: bool,
+                      epsilon: Any, delta: Any, sane_epsilon: Any, sane_delta: Any, api: str) -> None:
     sql, grouped = case
+    if sane_budget:
+        epsilon, delta = sane_epsilon, sane_delta
     # "no GROUP BY" is only certain when the grammar wrote none anywhere in the text
     _check(fuzz_db, sql, epsilon, delta, api, grouped=grouped if "GROUP BY" not in sql else None)
 
@@ -421,3 +507,26 @@ def test_fuzz_seeds_are_answerable(fuzz_db: dict[str, Any]) -> None:
     conn: dpsql.Connection = fuzz_db["conn"]
     for sql in SEEDS:
         assert isinstance(conn.execute(sql, epsilon=0.5, delta=1e-7), dpsql.Result), sql
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("epsilon", 10**400),  # found by fuzzing: math.isfinite overflowed
+        ("delta", 10**400),
+        ("epsilon", [0.5]),  # found by fuzzing: an unhashable plan-cache key
+        ("delta", {}),
+        ("epsilon", object()),
+        ("delta", "1e-7"),
+    ],
+)
+def test_type_confused_budget(fuzz_db: dict[str, Any], name: str, value: Any) -> None:
+    """epsilon and delta of any type are refused with a dpsql.Error, never another exception."""
+    with pytest.raises(dpsql.Error):
+        fuzz_db["conn"].execute("SELECT COUNT(*) FROM visits", **{name: value})
+
+
+def test_subnormal_delta_median(fuzz_db: dict[str, Any]) -> None:
+    """A subnormal delta (found by fuzzing: 1 / delta overflowed in PTR) is refused."""
+    with pytest.raises(dpsql.QueryRejected, match="below 1e-100"):
+        fuzz_db["conn"].execute("SELECT MEDIAN(age) FROM visits", delta=5e-324)
