@@ -40,7 +40,9 @@ import pyarrow as pa
 
 from dpsql.calibrate import square_offset
 from dpsql.mechanisms import RandomSource
-from dpsql.plan import Aggregate, Measurement, QueryPlan
+from dpsql.plan import Aggregate, Measurement, QueryPlan, ValueRelease
+from dpsql.udf import UDFRelease
+from dpsql.values import release_values
 
 __all__ = ["complete_groups", "noisy_schema", "noisy_table", "select_partitions"]
 
@@ -138,9 +140,9 @@ def noisy_table(
     return pa.table(columns)
 
 
-def _value_release(plan: QueryPlan, release, exact: pa.Table, rows: pa.Table | None, source):  # type: ignore[no-untyped-def]
-    from dpsql.values import release_values
-
+def _value_release(
+    plan: QueryPlan, release: ValueRelease, exact: pa.Table, rows: pa.Table | None, source: RandomSource | None
+) -> list[UDFRelease]:
     keys = [k.name for k in plan.group_keys]
     groups = list(zip(*(exact[k].to_pylist() for k in keys))) if keys else [()]
     if rows is None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Mapping
 
 import sqlglot.expressions as exp
 
@@ -180,13 +181,13 @@ def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expression]:
     return projections
 
 
-def _row_value(m: Measurement, types: dict[str, str] | object) -> exp.Expression | None:
+def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | None:
     """The per-row integer a measurement sums (NULL when the row does not count)."""
     if m.kind in ("count_rows", "count_units"):
         return None
     assert m.column is not None
     column = _col(m.column, m.source)
-    dtype = types[m.column.casefold()]  # type: ignore[index]
+    dtype = types[m.column.casefold()]
     present: exp.Expression = exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null()))
     numeric = family(dtype) == "number"
     as_double = exp.cast(column.copy(), exp.DataType.build("DOUBLE"))

@@ -13,6 +13,7 @@ The bounded values come from :func:`dpsql.rewrite.value_query`; here each group 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -102,8 +103,6 @@ def _quantile_of(q: float):  # type: ignore[no-untyped-def]
 
 def _with_reason(out: UDFRelease, reason: str) -> UDFRelease:
     """Keep the strategy's reason with the release, for the privacy report."""
-    from dataclasses import replace
-
     params = dict(out.parameters)
     params["why"] = reason
     return replace(out, parameters=params)
