@@ -1,5 +1,5 @@
 """The ``dpsql`` command line (DESIGN §4): ``demo``, ``query``, ``budget``, ``policy check``,
-``token create|revoke`` and ``serve``.
+``token create|revoke``, ``audit`` and ``serve``.
 
 Each subcommand is a small function that takes the parsed arguments, prints, and returns
 an exit code. Errors are never shown as tracebacks: a :class:`dpsql.Error` (or a file
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import dpsql
 from dpsql.accounting import BudgetStatus, Ledger
+from dpsql.audit.command import add_arguments as add_audit_arguments
+from dpsql.audit.command import run_audit
 from dpsql.connection import Connection, Explanation
 from dpsql.demo import make_demo_database
 from dpsql.engine import DuckDBEngine
@@ -119,6 +121,10 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--auth", required=True, help="the auth file (TOML; keeps only salted hashes)")
         sub.set_defaults(command=run)
 
+    audit = commands.add_parser("audit", help="measure a lower bound on the epsilon queries really spend")
+    add_audit_arguments(audit)
+    audit.set_defaults(command=_run_audit)
+
     serve = commands.add_parser("serve", help="run the Arrow Flight proxy for remote analysts")
     serve.add_argument("--db", required=True, help="the DuckDB database file (opened read-only)")
     serve.add_argument("--policy", required=True, help="the TOML policy file")
@@ -130,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.set_defaults(command=run_serve)
     return parser
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    """``dpsql audit``: see :mod:`dpsql.audit.command`."""
+    directory = default_demo_dir()
+    return run_audit(args, lambda rows: _demo_database(directory, rows, max(1, rows // 10)), _demo_policy)
 
 
 def _port(text: str) -> int:

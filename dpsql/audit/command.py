@@ -1,0 +1,130 @@
+"""``dpsql audit``: the empirical privacy audit from the command line.
+
+With ``--db`` and ``--policy`` it audits the data owner's own deployment; without them, the
+synthetic demo database (100,000 rows by default) and ``policies/demo.toml``. With
+``--query`` it audits that query (repeatable); without, every query shape of
+:data:`SHAPES`. Exit code 0: no excess found; 3: some lower bound exceeds its claim; 1: an
+error (nothing audited).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dpsql.connection import Connection
+from dpsql.errors import Error
+
+__all__ = ["SHAPES", "Shape", "add_arguments", "register_demo_udfs", "run_audit"]
+
+EXCESS_EXIT = 3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One query audited by default."""
+
+    name: str
+    sql: str
+    epsilon: float = 1.0
+    delta: float = 0.0
+
+
+#: The query shapes ``dpsql audit`` checks on the demo data when given no ``--query``.
+SHAPES: tuple[Shape, ...] = (
+    Shape("COUNT", "SELECT COUNT(*) FROM visits"),
+    Shape("SUM", "SELECT SUM(income) FROM visits"),
+    Shape("AVG with WHERE", "SELECT AVG(income) FROM visits WHERE age > 40"),
+    Shape("GROUP BY public key", "SELECT region, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region"),
+    Shape("GROUP BY two keys", "SELECT region, device, COUNT(*) FROM visits GROUP BY region, device"),
+    Shape("GROUP BY private key", "SELECT city, COUNT(*) FROM visits GROUP BY city", delta=1e-6),
+    Shape("Gaussian COUNT", "SELECT COUNT(*) FROM visits", delta=1e-6),
+    Shape("MEDIAN", "SELECT MEDIAN(age) FROM visits", delta=1e-6),
+    Shape("UDF (sample and aggregate)", "SELECT trimmed_mean(income) FROM visits"),
+    Shape("UDF (PTR)", "SELECT ptr_median(age) FROM visits", delta=1e-6),
+)
+
+
+def register_demo_udfs(conn: Connection) -> None:
+    """The UDFs the demo shapes use: a trimmed mean and a median forced through PTR."""
+    conn.register_udf("trimmed_mean", _trimmed_mean, bounds=(0, 250_000))
+    conn.register_udf("ptr_median", lambda v: float(np.median(v)), bounds=(0, 100),
+                      local_sensitivity=_median_local_sensitivity, strategy="ptr")
+
+
+def _trimmed_mean(values: np.ndarray) -> float:
+    lo, hi = np.quantile(values, [0.1, 0.9])
+    kept = values[(values >= lo) & (values <= hi)]
+    return float(kept.mean()) if kept.size else float("nan")
+
+
+def _median_local_sensitivity(values: np.ndarray, k: int) -> float:
+    """How far the median of ``values`` (in [0, 100]) can move when k of them change."""
+    ordered = np.sort(np.clip(values, 0, 100))
+    n, mid = ordered.size, ordered.size // 2  # np.median averages ordered[mid - 1] and ordered[mid] when n is even
+    lo = ordered[mid - 1 - k] if mid - 1 - k >= 0 else 0.0
+    hi = ordered[mid + k] if mid + k < n else 100.0
+    return float(hi - lo)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``dpsql audit``."""
+    parser.add_argument("--db", help="the database D (default: the demo database)")
+    parser.add_argument("--policy", help="the policy (default: policies/demo.toml with the demo database)")
+    parser.add_argument("--query", action="append", metavar="SQL",
+                        help="a query to audit (repeatable; default: every demo shape)")
+    parser.add_argument("--epsilon", type=float, help="epsilon of each run (default 1 for the demo shapes, "
+                        "else the policy's default)")
+    parser.add_argument("--delta", type=float, help="delta of each run (default: the shape's, or 0)")
+    parser.add_argument("--runs", type=int, default=500, help="runs on each database (default 500)")
+    parser.add_argument("--neighbour", help="the neighbouring database D' (default: D plus a generated "
+                        "worst-case unit)")
+    parser.add_argument("--unit-rows", type=int, default=1000, help="rows of the generated unit (default 1000)")
+    parser.add_argument("--unit-groups", type=int, default=20, help="groups of the generated unit (default 20)")
+    parser.add_argument("--confidence", type=float, default=0.95, help="of each lower bound (default 0.95)")
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of the demo database (default 100000)")
+    parser.add_argument("--histogram", metavar="FILE.png",
+                        help="draw each audit's answers on D and D' (needs matplotlib); with several "
+                        "queries, FILE-1.png, FILE-2.png, ...")
+
+
+def run_audit(args: argparse.Namespace, demo_database: Callable[[int], Path], demo_policy: Callable[[], object]) -> int:
+    """Run the audits the arguments ask for and print a report; the exit code says the verdict."""
+    from dpsql.audit import AuditReport, audit  # noqa: PLC0415 - scipy loads slowly
+
+    if (args.db is None) != (args.policy is None):
+        raise Error("give both --db and --policy (your deployment), or neither (the demo database)")
+    database = Path(args.db) if args.db else demo_database(args.rows)
+    policy = args.policy if args.policy else demo_policy()
+    shapes = [Shape(f"query {i}", q, args.epsilon, args.delta or 0.0) for i, q in enumerate(args.query or (), 1)]
+    if not shapes:
+        shapes = [Shape(s.name, s.sql, args.epsilon or s.epsilon,
+                        s.delta if args.delta is None else args.delta) for s in SHAPES]
+    reports: list[AuditReport] = []
+    for number, shape in enumerate(shapes, 1):
+        print(f"\n[{number}/{len(shapes)}] {shape.name}", flush=True)
+        samples: dict[str, list[dict[tuple[object, ...], object]]] = {}
+        report = audit(database, policy, shape.sql, epsilon=shape.epsilon, delta=shape.delta or None,
+                       runs=args.runs, neighbour=args.neighbour, unit_rows=args.unit_rows,
+                       unit_groups=args.unit_groups, confidence=args.confidence,
+                       setup=register_demo_udfs if args.db is None else None,
+                       progress=sys.stderr, samples=samples)  # type: ignore[arg-type]
+        print(report.format(), flush=True)
+        if args.histogram:
+            from dpsql.audit.plot import plot_audit  # noqa: PLC0415 - matplotlib loads slowly
+
+            path = Path(args.histogram)
+            if len(shapes) > 1:
+                path = path.with_name(f"{path.stem}-{number}{path.suffix}")
+            plot_audit(path, report, samples)
+            print(f"  histogram: {path}")
+        reports.append(report)
+    failed = [r for r in reports if not r.passed]
+    print(f"\n{len(reports) - len(failed)} of {len(reports)} audits found no excess"
+          + (f"; EXCESS in: {', '.join(r.sql for r in failed)}" if failed else ""))
+    return EXCESS_EXIT if failed else 0
