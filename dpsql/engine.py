@@ -79,8 +79,9 @@ class Engine(Protocol):
         """The fully qualified reference to a table of the schema."""
         ...
 
-    def row_id(self, alias: str) -> exp.Expression:
-        """An expression unique per row of a base table (for keyed row sampling)."""
+    def row_id(self, alias: str, table: str | None = None) -> exp.Expression:
+        """An expression that tells the rows of ``table`` (read as ``alias``) apart, for keyed
+        row sampling and for row-level units."""
         ...
 
     def distinct_values(self, table: str, column: str, limit: int) -> tuple[object, ...] | None:
@@ -123,6 +124,9 @@ class DuckDBEngine:
         for table, column, dtype in rows:
             schema.setdefault(table.casefold(), {})[column.casefold()] = dtype
         self._names = {t.casefold(): t for t, _, _ in rows}
+        views = self._con.sql("SELECT view_name FROM duckdb_views() WHERE database_name = $db AND schema_name = 'main'",
+                              params={"db": catalog}).fetchall()
+        self._views = {str(v).casefold() for (v,) in views}
         return schema
 
     def schema(self) -> Mapping[str, Mapping[str, str]]:
@@ -138,7 +142,15 @@ class DuckDBEngine:
             catalog=exp.to_identifier(self._catalog, quoted=True) if self._catalog else None,
         )
 
-    def row_id(self, alias: str) -> exp.Expression:
+    def row_id(self, alias: str, table: str | None = None) -> exp.Expression:
+        """``alias.rowid``; a view has none, so there the hash of the whole row stands in.
+
+        Identical rows of a view then share an id: sampling treats them alike and, in a
+        row-level table, they count as one unit. That only merges rows, so every bound still
+        holds (a unit is never split).
+        """
+        if table is not None and table.casefold() in self._views:
+            return exp.Anonymous(this="hash", expressions=[exp.column(alias, quoted=True)])
         return exp.column("rowid", table=alias)
 
     def distinct_values(self, table: str, column: str, limit: int) -> tuple[object, ...] | None:

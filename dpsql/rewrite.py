@@ -114,8 +114,10 @@ def _rows(
 
 
 def _unit(plan: QueryPlan, engine: Engine) -> exp.Expression:
-    primary = plan.sources[0].alias
-    return _col(plan.unit_column, primary) if plan.unit_column is not None else engine.row_id(primary)
+    primary = plan.sources[0]
+    if plan.unit_column is not None:
+        return _col(plan.unit_column, primary.alias)
+    return engine.row_id(primary.alias, primary.table)
 
 
 def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: int | None = None) -> exp.Select:
@@ -130,7 +132,7 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     salt = new_salt() if salt is None else salt
     unit = _unit(plan, engine)
     column = _col(release.column, release.source)
-    row_ids = [engine.row_id(source.alias) for source in plan.sources]
+    row_ids = [engine.row_id(source.alias, source.table) for source in plan.sources]
     keys = [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
     projections = [
         exp.alias_(unit.copy(), "__u", quoted=True),
@@ -178,7 +180,8 @@ def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expression]:
         value = _row_value(m, schema[tables[m.source].casefold()])
         if value is not None:
             projections.append(exp.alias_(value, f"{m.name}_v", quoted=True))
-    return projections
+    # COUNT(*) over a row-level table needs no column at all, but SQL needs a select list
+    return projections or [exp.alias_(_int(1), "__one", quoted=True)]
 
 
 def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | None:

@@ -40,7 +40,7 @@ class NoDataEngine:
     def table(self, name: str) -> Any:
         return self._engine.table(name)
 
-    def row_id(self, alias: str) -> Any:
+    def row_id(self, alias: str, table: str | None = None) -> Any:
         return self._engine.row_id(alias)
 
     def distinct_values(self, *args: Any, **kwargs: Any) -> Any:  # public tables only
@@ -68,6 +68,7 @@ def ledger_state(ledger: Ledger, analyst: str) -> tuple[object, ...]:
     return ledger.status(analyst, budget), tuple(ledger.events(analyst))
 
 
+@pytest.mark.attack
 def test_explain_reads_no_data_and_charges_nothing(db: Path, tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "budget.sqlite")
     with dpsql.connect(db, policy=POLICY, analyst="alice", ledger=ledger) as real:
