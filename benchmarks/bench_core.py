@@ -20,6 +20,7 @@ median of 200 runs), raw and through dpsql. The target: dpsql within 2x the floo
     python benchmarks/bench_core.py                    # Markdown table on stdout
     python benchmarks/bench_core.py --write            # ... also appended to benchmarks/RESULTS.md
     python benchmarks/bench_core.py --rows 1000000 --units 100000 --repeat 3
+    python benchmarks/bench_core.py --fixed-only       # only the 1,000-row fixed cost
 
 If ``dpsql.connect`` cannot be imported or used yet, the dpsql rows are skipped (the reason
 is printed) and the rest still runs. dpsql runs with an in-memory ledger (``ledger=None``)
@@ -180,13 +181,27 @@ def machine() -> str:
 
 
 def report(big: list[Row], tiny: list[Row], args: argparse.Namespace, notes: list[str]) -> str:
-    raw = next(r for r in big if r.label == "raw")
-    floor = next(r for r in big if r.label == "floor")
     out = [
-        f"## bench_core, {time.strftime('%Y-%m-%d %H:%M')}",
+        f"## bench_core{' (fixed cost only)' if args.fixed_only else ''}, {time.strftime('%Y-%m-%d %H:%M')}",
         "",
         f"{machine()}; load average {os.getloadavg()[0]:.1f}",
         "",
+    ]
+    if big:
+        out += big_table(big, args)
+    out += [f"Fixed cost, the same query on a 1,000-row table, median of {args.tiny_runs} runs:", ""]
+    out += ["| engine | median ms | p90 ms |", "|---|---:|---:|"]
+    for r in tiny:
+        p90 = statistics.quantiles(r.wall, n=10)[-1] if len(r.wall) > 1 else r.wall[0]
+        out.append(f"| {r.label} | {r.median * 1e3:.2f} | {p90 * 1e3:.2f} |")
+    out += [""] + notes
+    return "\n".join(out).rstrip() + "\n"
+
+
+def big_table(big: list[Row], args: argparse.Namespace) -> list[str]:
+    raw = next(r for r in big if r.label == "raw")
+    floor = next(r for r in big if r.label == "floor")
+    out = [
         f"`{QUERY}` on {args.rows:,} rows / {args.units:,} units, median of {args.repeat} runs:",
         "",
         "| engine | wall s | cpu s | x raw | x floor | cpu x floor |",
@@ -197,13 +212,7 @@ def report(big: list[Row], tiny: list[Row], args: argparse.Namespace, notes: lis
             f"| {r.label} | {r.median:.3f} | {r.median_cpu:.2f} | {r.median / raw.median:.1f} |"
             f" {r.median / floor.median:.2f} | {r.median_cpu / floor.median_cpu:.2f} |"
         )
-    out += ["", f"Fixed cost, the same query on a 1,000-row table, median of {args.tiny_runs} runs:", ""]
-    out += ["| engine | median ms | p90 ms |", "|---|---:|---:|"]
-    for r in tiny:
-        p90 = statistics.quantiles(r.wall, n=10)[-1] if len(r.wall) > 1 else r.wall[0]
-        out.append(f"| {r.label} | {r.median * 1e3:.2f} | {p90 * 1e3:.2f} |")
-    out += [""] + notes
-    return "\n".join(out).rstrip() + "\n"
+    return out + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,10 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny-runs", type=int, default=200)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--policy", type=Path, default=ROOT / "policies" / "demo.toml")
+    parser.add_argument("--fixed-only", action="store_true",
+                        help="only the fixed cost on the tiny table (bench_scale.py times the big ones)")
     parser.add_argument("--write", action="store_true", help=f"also append the table to {RESULTS}")
     args = parser.parse_args(argv)
 
-    big_db = demo_database(DATA_DIR / f"visits_{args.rows}x{args.units}.duckdb", rows=args.rows, units=args.units)
+    big_db = None if args.fixed_only else demo_database(
+        DATA_DIR / f"visits_{args.rows}x{args.units}.duckdb", rows=args.rows, units=args.units)
     tiny_db = demo_database(DATA_DIR / "visits_1000x100.duckdb", rows=1000, units=100)
     notes: list[str] = []
 
@@ -226,16 +238,19 @@ def main(argv: list[str] | None = None) -> int:
         con.execute("SET enable_progress_bar = false")
         return lambda sql: con.sql(sql).fetchall()
 
-    raw_big, raw_tiny = raw_runner(big_db), raw_runner(tiny_db)
-    big = [
-        measure("raw", lambda: raw_big(QUERY), args.repeat),
-        measure("floor", lambda: raw_big(FLOOR), args.repeat),
-        measure("bounded (hand-written)", lambda: raw_big(BOUNDED), args.repeat),
-    ]
+    raw_tiny = raw_runner(tiny_db)
+    big: list[Row] = []
+    if big_db is not None:
+        raw_big = raw_runner(big_db)
+        big = [
+            measure("raw", lambda: raw_big(QUERY), args.repeat),
+            measure("floor", lambda: raw_big(FLOOR), args.repeat),
+            measure("bounded (hand-written)", lambda: raw_big(BOUNDED), args.repeat),
+        ]
     tiny = [measure("raw", lambda: raw_tiny(QUERY), args.tiny_runs, warmup=5)]
 
     runs = (
-        (big_db, big, args.repeat, False, "dpsql"),
+        *(((big_db, big, args.repeat, False, "dpsql"),) if big_db is not None else ()),
         (tiny_db, tiny, args.tiny_runs, False, "dpsql"),
         (tiny_db, tiny, args.tiny_runs, True, "dpsql, repeated query (free repeat)"),
     )
