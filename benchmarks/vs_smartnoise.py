@@ -131,6 +131,19 @@ class Query:
     group_columns: tuple[str, ...] = ()
 
 
+#: The hand-written user-level floor of each query (one GROUP BY unit[, keys] pass feeding
+#: the aggregate): what any system that bounds per-user contributions must at least pay.
+FLOORS = {
+    "count": "SELECT sum(n) FROM (SELECT user_id, count(*) AS n FROM visits GROUP BY user_id)",
+    "region_sum_avg": "SELECT region, sum(n), sum(s), sum(s) / sum(c) FROM (SELECT user_id, region, count(*) AS n,"
+                      " sum(income) AS s, count(income) AS c FROM visits GROUP BY ALL) GROUP BY region",
+    "where_avg": "SELECT sum(s) / sum(c) FROM (SELECT user_id, sum(income) AS s, count(income) AS c FROM visits"
+                 " WHERE age > 40 GROUP BY user_id)",
+    "region_device_count": "SELECT region, device, sum(n) FROM (SELECT user_id, region, device, count(*) AS n"
+                           " FROM visits GROUP BY ALL) GROUP BY region, device",
+}
+
+
 QUERIES = (
     Query("count", "SELECT COUNT(*) FROM visits", 0, (False,), "SELECT COUNT(*) FROM visits"),
     Query(
@@ -272,6 +285,13 @@ def run_dpsql(conn: Any, query: Query, epsilon: float, runs: Runs | None) -> Non
         runs.answers.append(cells(rows, query))
 
 
+def run_floor(raw: Any, query: Query, runs: Runs) -> None:
+    c0, w0 = time.process_time(), time.perf_counter()
+    raw.sql(FLOORS[query.name]).fetchall()
+    runs.wall.append(time.perf_counter() - w0)
+    runs.cpu.append(time.process_time() - c0)
+
+
 def run_smartnoise(sn: SmartNoise, query: Query, runs: Runs | None) -> None:
     ans = sn.ask(cmd="run", name=query.name)
     if runs is not None:
@@ -363,22 +383,25 @@ def report(ctx: dict[str, Any]) -> str:
         f" for each system, Laplace noise, no delta; {args.runs} runs per query and system, alternating, after one"
         " warm-up each. `python benchmarks/vs_smartnoise.py --write`.",
         "",
-        "| query | dpsql ms | SmartNoise ms | SN / dpsql wall | dpsql CPU ms | SmartNoise CPU ms | SN / dpsql CPU |"
-        f" >= {GOAL:g}x |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| query | floor ms | dpsql ms | SmartNoise ms | SN / dpsql wall | SN / floor wall | dpsql CPU ms |"
+        f" SmartNoise CPU ms | SN / dpsql CPU | >= {GOAL:g}x |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     met_all = True
     for q in QUERIES:
         d, s = ctx["dpsql"][q.name], ctx["sn"][q.name]
         dw, sw = statistics.median(d.wall), statistics.median(s.wall)
         dc, sc = statistics.median(d.cpu), statistics.median(s.cpu)
+        fw = statistics.median(ctx["floor"][q.name].wall)
         met = sw / dw >= GOAL
         met_all &= met
         out.append(
-            f"| `{q.sql}` | {dw * 1e3:.1f} | {sw * 1e3:.0f} | {ratio(sw, dw)} | {dc * 1e3:.1f} | {sc * 1e3:.0f} |"
-            f" {ratio(sc, dc)} | {'yes' if met else '**no**'} |"
+            f"| `{q.sql}` | {fw * 1e3:.1f} | {dw * 1e3:.1f} | {sw * 1e3:.0f} | {ratio(sw, dw)} | {ratio(sw, fw)} |"
+            f" {dc * 1e3:.1f} | {sc * 1e3:.0f} | {ratio(sc, dc)} | {'yes' if met else '**no**'} |"
         )
-    out += ["", f"Goal (dpsql >= {GOAL:g}x faster on every query, wall): {'met' if met_all else '**not met**'}.", ""]
+    out += ["", f"Goal (dpsql >= {GOAL:g}x faster on every query, wall): {'met' if met_all else '**not met**'}."
+            " The floor is the hand-written user-level pass on DuckDB (no clipping, caps or noise); SN / floor is"
+            " the most any user-level system on DuckDB could gain over SmartNoise here.", ""]
 
     for q in QUERIES:
         d, s = ctx["dpsql"][q.name], ctx["sn"][q.name]
@@ -488,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             run_smartnoise(sn, q, None)
         ctx["dpsql"] = {q.name: Runs() for q in QUERIES}
         ctx["sn"] = {q.name: Runs() for q in QUERIES}
+        ctx["floor"] = {q.name: Runs() for q in QUERIES}
+        floor_con = duckdb.connect(str(db), read_only=True)
         bar = Progress("dpsql and SmartNoise, interleaved", args.runs * len(QUERIES))
         for i in range(args.runs):
             for q in QUERIES:
@@ -497,8 +522,10 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 for run in pair if i % 2 == 0 else reversed(pair):
                     run()
+                run_floor(floor_con, q, ctx["floor"][q.name])
                 bar.step()
         bar.close()
+        floor_con.close()
     finally:
         sn.close()
         conn.close()

@@ -259,12 +259,40 @@ def _rescaled_sum(v: exp.Column, cap: exp.Literal) -> exp.Expression:
 
 
 def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None) -> exp.Select:
+    """Each unit's ``max_groups_per_unit`` groups of smallest keyed hash (the L0 cap).
+
+    A threshold join, not a window: per unit, the g+1 smallest hashes (``min(h, g + 1)``);
+    a pair is kept when its hash is below the g-th, or equal to it and the (g+1)-th differs
+    (a tie straddling the cut keeps neither, so never more than g groups); a unit with at
+    most g groups keeps them all. It keeps what ``ROW_NUMBER() OVER (PARTITION BY unit ORDER
+    BY hash) <= g`` keeps, barring 64-bit ties, and measured 1.5x faster than that window
+    (1M rows, GROUP BY region, device: 264 against 391 ms; benchmarks/README.md).
+    """
+    g = plan.max_groups_per_unit
     keys = [_col(k.name) for k in plan.group_keys]
     order = _keyed_hash("salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, _col("__u"), *keys)
-    rank = exp.Window(this=exp.RowNumber(), partition_by=[_col("__u")], order=exp.Order(expressions=[exp.Ordered(this=order)]))
-    query = exp.select(exp.Star()).from_(pairs.subquery("__pairs"))
-    query.set("qualify", exp.Qualify(this=exp.LTE(this=rank, expression=_int(plan.max_groups_per_unit))))
-    return query
+    hashed = exp.select(exp.Star(), exp.alias_(order, "__h", quoted=True)).from_(pairs.subquery("__pairs"))
+    smallest = exp.alias_(_func("min", _col("__h"), _int(g + 1)), "__l", quoted=True)
+    limits = (exp.select(exp.alias_(_col("__u"), "__lu", quoted=True), smallest)
+              .from_(exp.to_identifier("__ph", quoted=True)).group_by(_col("__u")))
+    h, cut, after = _col("__h", "__ph"), _index(_col("__l"), g), _index(_col("__l"), g + 1)
+    keep = exp.or_(
+        exp.LTE(this=_func("len", _col("__l")), expression=_int(g)),
+        exp.LT(this=h.copy(), expression=cut.copy()),
+        exp.and_(exp.EQ(this=h.copy(), expression=cut.copy()), exp.NEQ(this=after, expression=cut.copy())),
+    )
+    on = exp.EQ(this=_col("__u", "__ph"), expression=_col("__lu", "__thr"))
+    return (exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("__ph", quoted=True)))
+            .from_(exp.to_identifier("__ph", quoted=True))
+            .join(limits.subquery("__thr"), on=on)
+            .where(keep)
+            .with_("__ph", as_=hashed))
+
+
+def _index(array: exp.Expression, position: int) -> exp.Expression:
+    """The ``position``-th element (1-based) of a list. sqlglot's Bracket is 0-based and
+    adds DuckDB's offset when it writes the SQL: ``_index(l, 1)`` is ``l[1]``, the first."""
+    return exp.Bracket(this=array, expressions=[_int(position - 1)])
 
 
 def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
