@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+import re
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -55,6 +56,10 @@ _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div)
 
 def is_numeric(dtype: str) -> bool:
     return dtype.upper().startswith(_NUMERIC_PREFIXES)
+
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?")
 
 
 def family(dtype: str) -> str:
@@ -145,7 +150,12 @@ class _Checker:
         target = node.expression
         if not isinstance(target, (exp.Null, exp.Boolean)):
             raise reject("IS takes NULL, TRUE or FALSE.", self.sql, node)
-        this, _ = self.value(node.this, allow_other=True)
+        this, fam = self.value(node.this, allow_other=True)
+        if isinstance(target, exp.Boolean) and fam != "boolean":
+            # DuckDB would cast each row's value to BOOLEAN and fail only on some rows: a
+            # data-dependent error (an uncharged oracle). Refuse before any data is read.
+            raise reject(f"IS {'TRUE' if target.this else 'FALSE'} needs a boolean value, not a {fam}; "
+                         "compare with = instead.", self.sql, node)
         return exp.Is(this=this, expression=target.copy())
 
     def like(self, node: exp.Expression) -> exp.Expression:
@@ -250,6 +260,11 @@ class _Checker:
     def temporal_literal(self, node: exp.Expression, fam: str) -> exp.Expression:
         text = node.name
         try:
+            # Python accepts forms DuckDB's CAST rejects ('20240131', '2024-W01-1'), and
+            # DuckDB would reject them lazily, per row: a data-dependent error. Only the
+            # plain forms both accept get through.
+            if not (_DATE.fullmatch(text) if fam == "date" else _TIMESTAMP.fullmatch(text)):
+                raise ValueError(text)
             if fam == "date":
                 dt.date.fromisoformat(text)
             else:

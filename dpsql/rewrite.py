@@ -300,7 +300,7 @@ def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
     projections: list[exp.Expression] = [k.copy() for k in keys]
     for m in plan.measurements:
         if per_row:
-            inner = _col(f"{m.name}_v") if m.kind in ("count_values", "sum", "sum_centred") else exp.Star()
+            inner = _col(f"{m.name}_v") if m.kind in ("count_values", "sum", "sum_centred", "sum_squares") else exp.Star()
             total: exp.Expression = exp.Count(this=inner) if m.kind.startswith("count") else exp.Sum(this=inner)
         else:
             total = exp.Sum(this=_col(m.name))

@@ -66,6 +66,7 @@ def count_rows(path: Path) -> int:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.attack
 def test_float_is_read_as_its_decimal_and_rounded_up() -> None:
     # The binary float 0.1 is 0.1000000000000000055...; rounding *that* up to 1e-12 units
     # would charge 100000000001 units. The ledger reads a float as the decimal it was
@@ -172,6 +173,7 @@ def test_basic_accountant_adds_exactly() -> None:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.attack
 def test_ten_tenths_spend_a_budget_of_one_and_the_eleventh_is_refused() -> None:
     # See test_float_is_read_as_its_decimal_and_rounded_up: each 0.1 is exactly 10**11
     # units, so ten of them are exactly the 10**12 units of the budget 1.0.
@@ -208,6 +210,7 @@ def test_refusal_message_names_every_short_amount() -> None:
         ledger.charge("bob", Budget(1.0, 1e-6), Charge(2.0, 2e-6, "q"))
 
 
+@pytest.mark.attack
 def test_refused_charge_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     budget = Budget(0.25, 0.0)
@@ -468,6 +471,7 @@ def run_threads(target: object, count: int) -> None:
         thread.join()
 
 
+@pytest.mark.attack
 def test_threads_sharing_one_ledger_never_overspend() -> None:
     granted: list[int] = []
     with Ledger() as ledger:
@@ -476,6 +480,7 @@ def test_threads_sharing_one_ledger_never_overspend() -> None:
     assert sum(granted) == 10
 
 
+@pytest.mark.attack
 def test_threads_with_their_own_ledgers_on_one_file_never_overspend(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     granted: list[int] = []
@@ -514,6 +519,7 @@ def collect(results: Any, processes: list[Any], timeout: float = 60) -> list[obj
     return collected
 
 
+@pytest.mark.attack
 def test_processes_sharing_one_file_never_overspend(tmp_path: Path) -> None:
     path = str(tmp_path / "ledger.sqlite")  # created concurrently by the children
     ctx = multiprocessing.get_context("spawn")
@@ -555,6 +561,7 @@ def kill_mid_loop(path: str) -> int:
     return int(acknowledged.value)
 
 
+@pytest.mark.attack
 @pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 def test_process_killed_mid_charge_leaves_a_consistent_ledger(tmp_path: Path) -> None:
     path = str(tmp_path / "ledger.sqlite")

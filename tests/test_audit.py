@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "demo.toml"
 SURE = 0.9999  # confidence of the pipeline audits below
 
+pytestmark = pytest.mark.attack  # the end-to-end audits of the attack battery (tests/attacks/README.md)
+
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -38,6 +38,7 @@ x = { bounds = [0, 1] }
 SCHEMA = {"t": {"u": "BIGINT", "g2": "VARCHAR", "g5": "INTEGER", "x": "DOUBLE"}, "r": {"x": "DOUBLE"}}
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("bounds", [(0.0, 1.0), (-2.5, 1000.0), (0.0, 1e-9), (-1e15, 1e15), (18.0, 90.0)])
 @pytest.mark.parametrize("kind", ["sum", "sum_centred"])
 def test_fixed_point_never_overflows_and_keeps_precision(bounds: tuple[float, float], kind: str) -> None:
@@ -53,6 +54,7 @@ def _plan(sql: str, epsilon: float = 1.0, delta: float = 0.0):
     return analyze(sql, POLICY, SCHEMA, epsilon=epsilon, delta=delta)
 
 
+@pytest.mark.attack
 def test_laplace_split_and_scale() -> None:
     plan = _plan("SELECT g2, COUNT(*), SUM(x), AVG(x) FROM t GROUP BY g2", epsilon=0.9)
     assert [m.kind for m in plan.measurements] == ["count_rows", "sum", "sum_centred", "count_values"]
@@ -70,6 +72,7 @@ def test_laplace_split_and_scale() -> None:
         assert scale <= 2 ** NOISE_BITS["laplace"]  # samplers stay in int64
 
 
+@pytest.mark.attack
 def test_gaussian_split_by_gdp_composition() -> None:
     plan = _plan("SELECT g5, COUNT(*), SUM(x) FROM t GROUP BY g5", epsilon=0.5, delta=1e-6)
     assert plan.max_groups_per_unit == 3 and plan.sample_groups  # 5 public groups > cap 3
@@ -81,6 +84,7 @@ def test_gaussian_split_by_gdp_composition() -> None:
         assert required <= m.noise.sigma <= required * (1 + 1e-4)
 
 
+@pytest.mark.attack
 def test_row_level_table_has_unit_sensitivity() -> None:
     plan = _plan("SELECT COUNT(*) FROM r", epsilon=1.0)
     (m,) = plan.measurements
@@ -88,6 +92,7 @@ def test_row_level_table_has_unit_sensitivity() -> None:
     assert m.group_bound == 1 and m.noise.scale * m.lattice == pytest.approx(1.0, rel=1e-3)
 
 
+@pytest.mark.attack
 def test_hidden_aggregates_are_measured_and_charged() -> None:
     plan = _plan("SELECT g2, SUM(x) FROM t GROUP BY g2 HAVING COUNT(*) > 10 ORDER BY AVG(x)", epsilon=1.0)
     kinds = sorted(m.kind for m in plan.measurements)
@@ -95,6 +100,7 @@ def test_hidden_aggregates_are_measured_and_charged() -> None:
     assert sum(m.epsilon for m in plan.measurements) == pytest.approx(plan.epsilon)
 
 
+@pytest.mark.attack
 def test_identical_aggregates_are_measured_once() -> None:
     plan = _plan("SELECT COUNT(*), COUNT(*) * 2, AVG(x), SUM(x) / COUNT(x) FROM t")
     assert sorted(m.kind for m in plan.measurements) == ["count_rows", "count_values", "sum", "sum_centred"]

@@ -28,7 +28,7 @@ from dpsql.cache import ANSWERS_SUFFIX
 from dpsql.demo import make_demo_database
 from dpsql.policy import load_policy
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL"), pytest.mark.attack]
 
 POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 SQL = "SELECT region, COUNT(*) AS n, AVG(age) AS a FROM visits GROUP BY region"

@@ -422,6 +422,7 @@ SANE_EPSILON = st.one_of(st.none(), st.floats(0.05, 1.0))
 SANE_DELTA = st.sampled_from([None, 1e-7, 1e-6])
 
 
+@pytest.mark.attack
 @FUZZ_SETTINGS
 @given(case=GRAMMAR_CASES, sane_budget=st.integers(0, 3).map(bool), epsilon=EPSILONS, delta=DELTAS,
        sane_epsilon=SANE_EPSILON, sane_delta=SANE_DELTA, api=APIS)
@@ -496,6 +497,7 @@ def mutated(draw: st.DrawFn) -> str:
     return sql
 
 
+@pytest.mark.attack
 @FUZZ_SETTINGS
 @given(sql=mutated(), epsilon=EPSILONS, delta=DELTAS, api=APIS)
 def test_fuzz_mutation(fuzz_db: dict[str, Any], sql: str, epsilon: Any, delta: Any, api: str) -> None:
@@ -509,6 +511,7 @@ def test_fuzz_seeds_are_answerable(fuzz_db: dict[str, Any]) -> None:
         assert isinstance(conn.execute(sql, epsilon=0.5, delta=1e-7), dpsql.Result), sql
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(
     "name, value",
     [
@@ -526,6 +529,7 @@ def test_type_confused_budget(fuzz_db: dict[str, Any], name: str, value: Any) ->
         fuzz_db["conn"].execute("SELECT COUNT(*) FROM visits", **{name: value})
 
 
+@pytest.mark.attack
 def test_subnormal_delta_median(fuzz_db: dict[str, Any]) -> None:
     """A subnormal delta (found by fuzzing: 1 / delta overflowed in PTR) is refused."""
     with pytest.raises(dpsql.QueryRejected, match="below 1e-100"):

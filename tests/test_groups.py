@@ -56,12 +56,14 @@ def conn(tmp_path_factory: pytest.TempPathFactory):
         yield connection
 
 
+@pytest.mark.attack
 def test_private_keys_need_a_delta(conn) -> None:
     with pytest.raises(dpsql.QueryRejected, match="partition selection, which needs a delta"):
         conn.execute("SELECT city, COUNT(*) FROM t GROUP BY city", epsilon=1.0)
     assert conn.budget().queries == 0
 
 
+@pytest.mark.attack
 def test_selection_threshold_meets_its_delta(conn) -> None:
     plan = conn.plan("SELECT city, COUNT(*) FROM t GROUP BY city", epsilon=1.0, delta=1e-6)
     sel = plan.selection
@@ -74,6 +76,7 @@ def test_selection_threshold_meets_its_delta(conn) -> None:
     assert sum(m.mu > 0 for m in plan.measurements) == 1  # the aggregate is Gaussian
 
 
+@pytest.mark.attack
 def test_rare_keys_essentially_never_appear_and_common_ones_always(conn) -> None:
     """200,000 groups of one unit each are 200,000 independent trials of the threshold.
 
@@ -91,6 +94,7 @@ def test_rare_keys_essentially_never_appear_and_common_ones_always(conn) -> None
     assert res.privacy.columns["city"].mechanism == "partition_selection"
 
 
+@pytest.mark.attack
 def test_release_rate_matches_theory_at_a_loose_delta(conn) -> None:
     """With delta = 0.4 single-unit groups pass often: the observed rate must match the
     mechanism's exact probability within 6 binomial standard deviations (two-sided false
@@ -106,6 +110,7 @@ def test_release_rate_matches_theory_at_a_loose_delta(conn) -> None:
     assert abs(solos - SINGLETONS * rate) <= 6 * sd, (solos, SINGLETONS * rate)
 
 
+@pytest.mark.attack
 def test_a_unit_in_hundreds_of_groups_keeps_only_l0(conn) -> None:
     plan = conn.plan("SELECT city, COUNT(*) FROM t GROUP BY city", epsilon=1.0, delta=1e-6)
     for salt in (1, 2, 3):
@@ -158,6 +163,7 @@ def test_variance_and_stddev_match_the_bounded_data(conn) -> None:
     ]
 
 
+@pytest.mark.attack
 def test_variance_is_clamped_and_hidden_measurements_are_charged(conn) -> None:
     plan = conn.plan("SELECT VAR_POP(x) FROM t WHERE city = 'solo1'", epsilon=0.01)
     assert len(plan.measurements) == 3

@@ -69,6 +69,7 @@ def _exact(conn, sql: str, salt: int = 9) -> dict[object, dict[str, int]]:
     return {row.get("__g0"): row for row in table}, plan
 
 
+@pytest.mark.attack
 def test_public_join_keys_come_from_the_public_table(conn) -> None:
     res = conn.execute("SELECT r.zone, COUNT(*) AS n FROM visits v JOIN regions r ON v.region = r.region GROUP BY r.zone", epsilon=1e5)
     assert res.arrow()["zone"].to_pylist() == ["A", "B", "C"]  # every public value, sorted; C has no rows
@@ -78,6 +79,7 @@ def test_public_join_keys_come_from_the_public_table(conn) -> None:
     assert counts == pytest.approx({"A": 4, "B": 2, "C": 0}, abs=0.5)
 
 
+@pytest.mark.attack
 def test_repeated_rows_from_a_join_are_bounded(conn) -> None:
     exact, plan = _exact(conn, "SELECT r.name, COUNT(*) FROM visits v JOIN regions r ON v.region = r.region GROUP BY r.name")
     (m,) = plan.measurements
@@ -92,6 +94,7 @@ def test_left_join_keeps_unmatched_private_rows(conn) -> None:
     assert exact[None][m.name] == 7  # 2 north rows doubled (4) + south + east + unmatched nowhere
 
 
+@pytest.mark.attack
 def test_private_tables_join_on_their_unit_with_the_stricter_caps(conn) -> None:
     sql = "SELECT COUNT(*), SUM(o.amount) FROM visits v JOIN orders o ON v.user_id = o.user_id"
     exact, plan = _exact(conn, sql)
@@ -101,6 +104,7 @@ def test_private_tables_join_on_their_unit_with_the_stricter_caps(conn) -> None:
     assert exact[None][count.name] == 3
 
 
+@pytest.mark.attack
 def test_row_level_table_joined_bounds_each_row_as_a_unit(conn) -> None:
     exact, plan = _exact(conn, "SELECT r.name, COUNT(*) FROM events e JOIN regions r ON e.region = r.region GROUP BY r.name")
     assert plan.unit_is_row and plan.max_groups_per_unit == 1
@@ -122,11 +126,13 @@ def test_cte_and_subquery_are_inlined_like_the_flat_query(conn) -> None:
     assert flat == cte == sub
 
 
+@pytest.mark.attack
 def test_columns_hidden_by_a_cte_cannot_be_used(conn) -> None:
     with pytest.raises(dpsql.PolicyViolation, match="not in the policy"):
         conn.execute("WITH v AS (SELECT user_id FROM visits) SELECT SUM(income) FROM v")
 
 
+@pytest.mark.attack
 def test_private_join_on_another_key_is_refused(conn) -> None:
     with pytest.raises(dpsql.QueryRejected, match="only on their privacy units"):
         conn.execute("SELECT COUNT(*) FROM visits v JOIN orders o ON v.income = o.amount")

@@ -166,6 +166,7 @@ def sample_of(name: str) -> npt.NDArray[np.int64]:
 # ---------------------------------------------------------------------- noise contract
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
 class TestNoiseContract:
     """What every noise object must satisfy, at several scales."""
@@ -213,6 +214,7 @@ class TestNoiseContract:
         assert np.array_equal(first, second)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("noise", [laplace_noise(1, 1.0), gaussian_noise(1, gdp_mu(1.0, 1e-6))],
                          ids=["laplace", "gaussian"])
 def test_system_random_draws_follow_the_exact_pmf(noise: Noise) -> None:
@@ -270,6 +272,7 @@ def test_noise_objects_are_frozen_and_named() -> None:
 # ------------------------------------------------------------------------- precision attack
 
 
+@pytest.mark.attack
 def test_outputs_do_not_leak_the_true_value_through_low_bits() -> None:
     """Mironov's attack: with float noise, 0 + X and 1 + X differ in their low-order bits.
 
@@ -309,6 +312,7 @@ BERNOULLI_CASES = [
 ]
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(("num", "den"), BERNOULLI_CASES)
 def test_bernoulli_exp_has_the_right_frequency(num: int, den: int) -> None:
     n = 400_000
@@ -320,6 +324,7 @@ def test_bernoulli_exp_has_the_right_frequency(num: int, den: int) -> None:
         assert stats.binomtest(hits, n, p).pvalue > P_MIN
 
 
+@pytest.mark.attack
 def test_bernoulli_exp_with_one_denominator_per_element() -> None:
     groups = [(0, 3), (1, 3), (7, 2), (2**62 - 5, 2**62 - 1), (9, 4)]
     nums = np.repeat([g[0] for g in groups], 200_000)
@@ -343,6 +348,7 @@ def test_bernoulli_exp_refuses_bad_parameters(num: object, den: object, message:
         bernoulli_exp(SeededRandom(0), num, den)  # type: ignore[arg-type]
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("bound", [3 * 2**10, 3 * 2**26, 3 * 2**61])
 def test_uniform_below_has_no_modulo_bias(bound: int) -> None:
     # These bounds do not divide 2**16, 2**32 or 2**64 (the draw widths used), so taking
@@ -353,6 +359,7 @@ def test_uniform_below_has_no_modulo_bias(bound: int) -> None:
     assert stats.chisquare(np.bincount(draws // (bound // 3), minlength=3)).pvalue > P_MIN
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("bound", [1, 2, 7, 1000])
 def test_uniform_below_is_uniform_over_every_value(bound: int) -> None:
     counts = np.bincount(uniform_below(SeededRandom(bound), bound, N), minlength=bound)
@@ -403,6 +410,7 @@ def test_samplers_refuse_bad_parameters() -> None:
         sample_discrete_gaussian(SeededRandom(0), 2**40, 2**40, 3)
 
 
+@pytest.mark.attack
 def test_laplace_sampler_handles_the_rare_huge_geometric_count() -> None:
     from dpsql.mechanisms import _laplace_magnitude
 
@@ -442,6 +450,7 @@ def test_system_random_uniform_counts_across_buffer_refills() -> None:
     assert stats.chisquare(counts).pvalue > P_MIN
 
 
+@pytest.mark.attack
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_system_random_forked_child_does_not_reuse_the_parents_buffer() -> None:
     source = SystemRandom()
@@ -502,6 +511,7 @@ def test_gdp_delta_is_monotone() -> None:
         assert np.all(np.diff([d for d in deltas if d > 1e-300]) < 0)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("epsilon", [0.01, 0.1, 0.5, 1.0, 2.0, 8.0])
 @pytest.mark.parametrize("delta", [0.5, 1e-3, 1e-6, 1e-10, 1e-15])
 def test_gdp_mu_is_safe_and_tight(epsilon: float, delta: float) -> None:
@@ -540,6 +550,7 @@ def test_gdp_refuses_bad_parameters(call: Callable[[], object], message: str) ->
         call()
 
 
+@pytest.mark.attack
 @given(sensitivity=st.integers(0, 2**30), epsilon=st.floats(1e-3, 100),
        bits=st.integers(0, 20))
 def test_laplace_noise_scale_is_never_below_sensitivity_over_epsilon(
@@ -551,6 +562,7 @@ def test_laplace_noise_scale_is_never_below_sensitivity_over_epsilon(
     assert scale - required <= Fraction(1, noise.s)  # rounded up by at most one 1/s
 
 
+@pytest.mark.attack
 @given(sensitivity=st.floats(0, 1e6), mu=st.floats(1e-3, 10))
 def test_gaussian_noise_variance_covers_the_requirement(sensitivity: float, mu: float) -> None:
     noise = gaussian_noise(sensitivity, mu)
@@ -587,6 +599,7 @@ def cks_delta(variance: int, epsilon: float, sensitivity: int) -> float:
     return difference / weight_sum(-reach, reach + 1)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("epsilon", [0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0])
 @pytest.mark.parametrize("delta", [1e-1, 1e-2, 1e-3, 1e-6, 1e-9, 1e-12])
 def test_chosen_discrete_gaussian_meets_epsilon_delta_exactly(epsilon: float,
@@ -596,6 +609,7 @@ def test_chosen_discrete_gaussian_meets_epsilon_delta_exactly(epsilon: float,
         assert cks_delta(noise.t * noise.m, epsilon, sensitivity) <= delta, (sensitivity, noise)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(("epsilon", "delta", "sensitivity"), [
     (7.6208, 1e-3, 2), (6.6527, 1e-5, 2), (5.8076, 1e-6, 2), (4.4258, 1e-5, 1),
     (3.3728, 1e-8, 3), (1.4928, 1e-10, 1), (2.5704, 1e-12, 3), (0.4395, 1e-8, 3)])
@@ -607,6 +621,7 @@ def test_discrete_gaussian_meets_epsilon_delta_where_the_margin_matters(
     assert cks_delta(noise.t * noise.m, epsilon, sensitivity) <= delta
 
 
+@pytest.mark.attack
 def test_discrete_gaussian_without_the_margin_can_exceed_delta() -> None:
     # Why DISCRETE_VARIANCE_MARGIN exists: the smallest integer variance above the
     # continuous requirement (2.2305^2 = 4.975 -> 5) misses (2, 1e-6) by 7%.
@@ -616,6 +631,7 @@ def test_discrete_gaussian_without_the_margin_can_exceed_delta() -> None:
     assert noise.t * noise.m > 5 and cks_delta(noise.t * noise.m, 2.0, 1) <= 1e-6
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("mu", [0.1, 0.5, 1.0, 2.0, 4.0])
 @pytest.mark.parametrize("sensitivity", [1, 3])
 def test_chosen_discrete_gaussian_is_dominated_by_its_gdp_curve(mu: float,

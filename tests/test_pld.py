@@ -175,6 +175,7 @@ def test_a_single_laplace_query_costs_its_epsilon_at_delta_zero() -> None:
     assert accountant.compose([query_charge(0.3, 0.0)], target_delta=0.0) == (0.3, 0.0)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("k", [1, 7, 100, 885])
 def test_composed_gaussian_pld_matches_gdp_and_is_never_optimistic(k: int) -> None:
     mu = gdp_mu(0.1, 1e-8)
@@ -206,6 +207,7 @@ def test_gaussian_only_compose_uses_the_exact_gdp_of_every_measurement() -> None
     assert delta == 1e-6 and epsilon == gdp_epsilon(mu, 1e-6)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("k", [10, 47])
 def test_composed_laplace_pld_is_never_below_the_exact_randomized_response(k: int) -> None:
     pld = PLDAccountant().distribution({PrivacyEvent("laplace", epsilon=0.1): k})

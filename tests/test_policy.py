@@ -178,6 +178,7 @@ def test_lookups_ignore_case(demo: Policy) -> None:
     assert visits.column("User_ID") == ColumnPolicy("user_id", "filter")
 
 
+@pytest.mark.attack
 def test_casefold_not_just_lower() -> None:
     policy = parse(make(columns='[tables.visits.columns]\n"Straße" = { access = "group" }\n'))
     visits = policy.table("visits")
@@ -186,6 +187,7 @@ def test_casefold_not_just_lower() -> None:
     assert visits.column("STRASSE") is not None
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(
     "lookalike",
     [
@@ -199,6 +201,7 @@ def test_lookalike_table_names_do_not_match(demo: Policy, lookalike: str) -> Non
     assert demo.table(lookalike) is None
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("lookalike", ["\u0430ge", "ａｇｅ", "ag\u0435", "age "])
 def test_lookalike_column_names_do_not_match(demo: Policy, lookalike: str) -> None:
     visits = demo.table("visits")
@@ -206,6 +209,7 @@ def test_lookalike_column_names_do_not_match(demo: Policy, lookalike: str) -> No
     assert visits.column(lookalike) is None
 
 
+@pytest.mark.attack
 def test_unlisted_column_is_denied(demo: Policy) -> None:
     visits = demo.table("visits")
     assert visits is not None
@@ -865,6 +869,7 @@ def test_schema_names_compare_casefolded(demo: Policy) -> None:
     check_against_schema(demo, schema)
 
 
+@pytest.mark.attack
 def test_schema_lookalike_column_does_not_count(demo: Policy) -> None:
     schema = schema_without("visits", "age")
     schema["visits"]["\u0430ge"] = "INTEGER"  # Cyrillic а

@@ -102,6 +102,7 @@ REJECTED = [
 ]
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(("sql", "error", "pattern"), REJECTED, ids=[r[0][:60] for r in REJECTED])
 def test_refused_charges_nothing_and_changes_nothing(conn, db: Path, sql: str, error: type, pattern: str) -> None:
     rows = _row_count(db)
@@ -120,6 +121,7 @@ def test_messages_point_at_the_offending_sql(conn) -> None:
     assert message.endswith("\n" + " " * 15 + "^^^")  # under ssn
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(
     ("kwargs", "error", "pattern"),
     [
@@ -139,6 +141,7 @@ def test_bad_budget_parameters(conn, kwargs: dict, error: type, pattern: str) ->
     assert conn.budget().queries == 0
 
 
+@pytest.mark.attack
 def test_budget_exceeded_charges_nothing_and_says_by_how_much(db: Path) -> None:
     with dpsql.connect(db, policy=POLICY, analyst="bob", repeats=False) as conn:  # budget: epsilon 5
         for _ in range(5):
@@ -158,6 +161,7 @@ def test_closed_connection_refuses(db: Path) -> None:
         conn.execute("SELECT COUNT(*) FROM visits")
 
 
+@pytest.mark.attack
 def test_engine_cannot_reach_files_or_python_variables(conn) -> None:
     engine = conn._engine
     import sqlglot

@@ -71,6 +71,7 @@ def db_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.attack
 def test_a_repeat_returns_the_same_answer_and_charges_nothing(memory: duckdb.DuckDBPyConnection) -> None:
     with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
         first = conn.execute(SQL)
@@ -90,6 +91,7 @@ def test_a_repeat_returns_the_same_answer_and_charges_nothing(memory: duckdb.Duc
         assert res.privacy.columns["n"].mechanism == "laplace"
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(
     ("sql", "options"),
     [
@@ -107,6 +109,7 @@ def test_a_different_query_is_charged(memory: duckdb.DuckDBPyConnection, sql: st
         assert other.fetchall() != first.fetchall()
 
 
+@pytest.mark.attack
 def test_answers_are_never_shared_between_analysts(db_file: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "budget.sqlite"
     with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=ledger) as alice:
@@ -277,6 +280,7 @@ def ask_in_process(db: str, ledger: str, barrier: Any, results: Any) -> None:
         results.put(repr(exc))
 
 
+@pytest.mark.attack
 def test_processes_asking_the_same_new_query_pay_once_and_agree(db_file: Path, tmp_path: Path) -> None:
     ledger = str(tmp_path / "budget.sqlite")
     ctx = multiprocessing.get_context("spawn")
@@ -311,6 +315,7 @@ def test_an_order_statistic_repeats_with_its_privacy_report(memory: duckdb.DuckD
     assert again.privacy.notes == (*first.privacy.notes, REPEAT_NOTE)
 
 
+@pytest.mark.attack
 def test_a_query_using_a_registered_udf_is_never_served_from_the_cache(memory: duckdb.DuckDBPyConnection) -> None:
     with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
         conn.register_udf("middle", lambda v: float(v.mean()), bounds=(0, 10))

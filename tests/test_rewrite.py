@@ -167,6 +167,7 @@ def test_row_level_table_needs_no_bounding(conn) -> None:
     assert exact["b"][total.name] == _floored(_fixed(-5.0, total.frac_bits), total.shift)
 
 
+@pytest.mark.attack
 def test_analyst_identifiers_never_reach_the_engine(conn) -> None:
     sql = 'SELECT "REGION", count(*) FROM VISITS AS "v; DROP TABLE visits" WHERE "v; DROP TABLE visits".zip = \'1\'\'; --\' GROUP BY 1'
     generated = _generated(conn, sql, 1.0, 0.0)

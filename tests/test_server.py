@@ -286,6 +286,7 @@ RACER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.attack
 def test_eight_client_processes_get_exactly_the_budget(
     server: ServerProcess, tokens: dict[str, str], tmp_path: Path
 ) -> None:
@@ -339,6 +340,7 @@ def test_restart_keeps_the_ledger_and_sigterm_is_clean(db: Path, tmp_path: Path)
         assert second.stop() == 0
 
 
+@pytest.mark.attack
 def test_logs_say_who_asked_what_and_never_a_token_or_value(
     server: ServerProcess, tokens: dict[str, str]
 ) -> None:

@@ -308,6 +308,7 @@ def test_exact_bounded_values_match_an_independent_computation(stats_data: Stats
                 assert 0 <= centred - exact[m.name].get(g, 0) < m.lattice
 
 
+@pytest.mark.attack
 def test_laplace_noise_scale_through_the_pipeline(laplace_runs: Runs) -> None:
     # delta = 0: two measurements (COUNT(*), SUM(x)), each epsilon / 2 = 0.5.
     # COUNT: b = 2 * 3 * 1 / 0.5 = 12; SUM: b = 2 * 3 * 100 / 0.5 = 1200
@@ -327,6 +328,7 @@ def test_laplace_noise_scale_through_the_pipeline(laplace_runs: Runs) -> None:
         check_moments(runs.errors(column), sd, 6.0, inflation, extra)
 
 
+@pytest.mark.attack
 def test_gaussian_noise_scale_through_the_pipeline(gaussian_runs: Runs) -> None:
     # delta > 0: the query is mu-GDP with mu = mu(1, 1e-5) ~ 0.27; two measurements get
     # mu / sqrt(2) each. COUNT: sigma = sqrt(2) * 3 / (mu / sqrt(2)) ~ 22; SUM: 100 times
@@ -341,6 +343,7 @@ def test_gaussian_noise_scale_through_the_pipeline(gaussian_runs: Runs) -> None:
         check_moments(runs.errors(column), sigma, 3.0, inflation, extra)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("fixture", ["laplace_runs", "gaussian_runs"])
 def test_noise_is_independent_and_on_the_lattice(fixture: str, request: pytest.FixtureRequest) -> None:
     # Independent draws have sample correlation ~ N(0, 1/N): |r| <= 6 / sqrt(4000) = 0.095
@@ -366,6 +369,7 @@ def test_gdp_mu_matches_an_independent_solution() -> None:
         assert gdp_mu(eps, delta) == pytest.approx(independent_gdp_mu(eps, delta), rel=1e-9)
 
 
+@pytest.mark.attack
 def test_gaussian_budget_split_over_four_measurements(gaussian4_runs: Runs) -> None:
     # COUNT(*), SUM(x), COUNT(y), AVG(y) need four measurements (AVG(y) shares COUNT(y) and
     # adds the centred SUM of y): each gets mu / sqrt(4) = mu / 2, so that GDP composition
@@ -405,6 +409,7 @@ def _heavy_expected_light(data: StatsData) -> dict[str, dict[str, float]]:
     return light
 
 
+@pytest.mark.attack
 def test_contribution_bounds_are_exact(stats_data: StatsData, stats_policy: Policy) -> None:
     # The heavy unit has 1000 rows in g00 and 1..5 rows (x = 1, 2, 4, 8, 16) in each of
     # g01..g50; light units have one row each. With max_rows = 3 and max_groups = 4, for
@@ -472,6 +477,7 @@ def _collision_bound(pairs: int, choices: int) -> int:
     return int(stats.binom.isf(CHI2_TAIL, pairs, 1 / choices)) + 1
 
 
+@pytest.mark.attack
 def test_row_cap_weighs_each_unit_down_exactly_and_without_randomness(stats_data: StatsData, stats_policy: Policy) -> None:
     # 200 units, each alone in its own group with 20 rows x = 2^r (r = 0..19), max_rows = 3.
     # The row cap keeps a unit's sum whole up to 3 rows and weighs it down to 3 rows' worth
@@ -494,6 +500,7 @@ def test_row_cap_weighs_each_unit_down_exactly_and_without_randomness(stats_data
         assert expected <= ROWPICK_MAX_ROWS * 2 ** (ROWPICK_ROWS - 1)
 
 
+@pytest.mark.attack
 def test_groups_kept_per_unit_are_uniform(stats_data: StatsData, stats_policy: Policy) -> None:
     # 200 units, each with its own 10 groups j{unit}_{i}: 10 rows in i = 0, one row in each
     # of i = 1..9; max_groups = 2, max_rows = 1. COUNT(DISTINCT uid) of a group says whether
@@ -535,6 +542,7 @@ def test_groups_kept_per_unit_are_uniform(stats_data: StatsData, stats_policy: P
 # ------------------------------------------------------------------------------ 4. clipping
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("table", ["clip_t", "clip_rows"])
 def test_null_nan_and_infinities_are_handled_as_documented(
     table: str, stats_data: StatsData, stats_policy: Policy
@@ -559,6 +567,7 @@ def test_null_nan_and_infinities_are_handled_as_documented(
     }
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("delta", [0.0, DELTA])
 def test_avg_stays_within_bounds(delta: float, stats_data: StatsData, stats_policy: Policy) -> None:
     # AVG = clamp(mid + noisy centred SUM / max(noisy COUNT, 1), lower, upper) must lie in
@@ -598,6 +607,7 @@ def test_avg_is_the_clipped_mean_when_noise_is_small(stats_data: StatsData, stat
         assert abs(a - truth) <= 1.5, (g, a, truth)
 
 
+@pytest.mark.attack
 def test_exact_sums_do_not_depend_on_insert_order(stats_data: StatsData, stats_policy: Policy, tmp_path: Path) -> None:
     # order_t holds 2000 arbitrary doubles (including 1e15, -1e15 and 0.1 + 0.2 + 0.3,
     # whose float sum depends on the order of addition). Per-row fixed point integers and
@@ -631,6 +641,7 @@ def test_exact_sums_do_not_depend_on_insert_order(stats_data: StatsData, stats_p
 # -------------------------------------------------------------------------- 5. public groups
 
 
+@pytest.mark.attack
 def test_public_groups_are_exactly_the_listed_ones(laplace_runs: Runs, stats_data: StatsData,
                                                    stats_policy: Policy) -> None:
     # Every release lists exactly the 100 public groups, in the policy's order: g99 (no

@@ -143,6 +143,7 @@ def faulty(block: np.ndarray) -> object:
     return float(block.size)
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("isolation", ["inline", "process"])
 def test_faulty_blocks_get_the_default(isolation: str) -> None:
     values, ids = blocks_of(16)
@@ -153,6 +154,7 @@ def test_faulty_blocks_get_the_default(isolation: str) -> None:
     assert out.isolation == isolation
 
 
+@pytest.mark.attack
 def test_crash_and_timeout_cost_one_block_each() -> None:
     def hostile(block: np.ndarray) -> float:
         if block[0] == 2:
@@ -171,6 +173,7 @@ def test_crash_and_timeout_cost_one_block_each() -> None:
     assert out.failures() == {"raised": 1, "timed_out": 1, "crashed": 1}
 
 
+@pytest.mark.attack
 def test_slow_block_inline_gets_the_default_too() -> None:
     values, ids = blocks_of(3)
     out = evaluate_blocks(lambda b: time.sleep(0.15) or 1.0 if b[0] == 1 else 1.0, values, ids, 3,
@@ -179,6 +182,7 @@ def test_slow_block_inline_gets_the_default_too() -> None:
     assert out.failures() == {"timed_out": 1}
 
 
+@pytest.mark.attack
 @pytest.mark.slow  # timing: run by hand on a quiet machine (pytest -m slow)
 def test_timing_does_not_depend_on_which_block_failed() -> None:
     """A block that sleeps past the limit costs the same at the start and at the end."""
@@ -210,6 +214,7 @@ def test_pad_time_makes_the_duration_constant() -> None:
     assert 0.2 <= out.elapsed < 2.0  # padded to k * limit; the upper end allows a loaded machine
 
 
+@pytest.mark.attack
 def test_blocks_are_read_only_and_finite() -> None:
     def writer(block: np.ndarray) -> float:
         assert np.isfinite(block).all()
@@ -257,6 +262,7 @@ def test_sample_and_aggregate_noise_has_the_calibrated_scale() -> None:
     assert np.allclose(steps, np.round(steps), rtol=0, atol=1e-6)  # on the lattice
 
 
+@pytest.mark.attack
 def test_block_assignment_keeps_units_together() -> None:
     units = np.repeat(np.arange(2000), 3)
     blocks = assign_blocks(units, 40, salt=99)
@@ -310,6 +316,7 @@ def _local_sensitivity(x: list[float], q: float, r: int, grid: list[float]) -> f
     return max(abs(quantile_value(np.sort(np.array(y)), q, (0, 10)) - f) for y in _neighbours(x, r, grid))
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 0.75, 1.0])
 @pytest.mark.parametrize("r", [1, 2])
 def test_bound_covers_every_neighbour_by_brute_force(q: float, r: int) -> None:
@@ -325,6 +332,7 @@ def test_bound_covers_every_neighbour_by_brute_force(q: float, r: int) -> None:
                 assert _local_sensitivity(sorted(y), q, r, grid) <= a1 + 1e-12
 
 
+@pytest.mark.attack
 def test_bound_is_monotone_across_neighbours() -> None:
     """A(x, k) <= A(x', k + 1) and S(x) <= e^beta S(x') for random unit-neighbours."""
     rng = np.random.default_rng(8)
@@ -357,6 +365,7 @@ def ties_at_distance(distance: int, flanks: int = 20) -> np.ndarray:
     return np.array([0.0] * flanks + [50.0] * (2 * distance + 3) + [100.0] * flanks)
 
 
+@pytest.mark.attack
 def test_ptr_threshold_and_distance() -> None:
     threshold = ptr_threshold(0.5, 1e-6)
     assert threshold == math.ceil(math.log(1e6) / 0.5) == 28
@@ -370,6 +379,7 @@ def test_ptr_threshold_and_distance() -> None:
         assert release.parameters["threshold"] == 28
 
 
+@pytest.mark.attack
 def test_ptr_refuses_when_unstable() -> None:
     """A huge gap at the median: D = 0, passes with probability <= delta."""
     data = np.array([0.0] * 500 + [100.0] * 500)
@@ -397,6 +407,7 @@ def test_ptr_releases_when_stable() -> None:
     assert all((r.value / r.lattice).is_integer() for r in releases)  # type: ignore[operator]
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize("offset", [-3, -1, 0, 1, 3])
 def test_ptr_refusal_probability_matches_theory(offset: int) -> None:
     """Near the threshold T = 28 the refusal rate is P(Z <= T - D - 1) for the discrete
@@ -421,6 +432,7 @@ def test_propose_bound_passes_spread_data() -> None:
     assert refused <= 30  # designed for 5% refusals: 10 expected, sd 3
 
 
+@pytest.mark.attack
 def test_ptr_udf_with_a_local_sensitivity() -> None:
     """The mean of n values in [0, 1]: one row moves it by at most 1 / (n - k) at k rows."""
     data = np.random.default_rng(7).uniform(0, 1, 2000)
@@ -499,6 +511,7 @@ def test_smooth_quantile_release() -> None:
     assert np.mean(np.abs(errors)) == pytest.approx(scale, rel=0.25)  # E|Lap(b)| = b; 300 draws
 
 
+@pytest.mark.attack
 def test_smooth_udf_stops_early_and_is_conservative() -> None:
     calls: list[int] = []
 

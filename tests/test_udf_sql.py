@@ -76,6 +76,7 @@ def test_without_delta_order_statistics_use_sample_and_aggregate(conn) -> None:
     assert 30 <= res.fetchall()[0][0] <= 50
 
 
+@pytest.mark.attack
 def test_registered_udf_with_faults_never_crashes(conn) -> None:
     calls = {"n": 0}
 
@@ -115,6 +116,7 @@ def test_bad_registrations_are_refused(conn, args: tuple, pattern: str) -> None:
         conn.register_udf(*args)
 
 
+@pytest.mark.attack
 def test_forced_ptr_refusal_is_charged_and_null(tmp_path: Path) -> None:
     # Half the units at 0, half at 100: the median is unstable (one unit moves it across
     # the gap), so PTR refuses with overwhelming probability, and the refusal is charged.

@@ -202,9 +202,9 @@ def udf_sensitivity(local_sensitivity: LocalSensitivity, values: FloatArray, k: 
         bound = r * float(raw)  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - a failing bound is the widest bound
         return width
-    if math.isnan(bound):
+    if not math.isfinite(bound) or bound < 0:  # NaN, inf or negative: a broken bound is the widest
         return width
-    return min(max(bound, 0.0), width)
+    return min(bound, width)
 
 
 # ------------------------------------------------------------------------- the test
