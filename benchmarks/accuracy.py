@@ -21,7 +21,6 @@ conn = dpsql.connect(db, policy=str(Path(__file__).parents[1] / "policies" / "de
 sql = "SELECT region, COUNT(*) AS n, AVG(income) AS a FROM visits GROUP BY region"
 plan = conn.plan(sql, epsilon=1.0)
 exact = conn._engine.run(bounded_query(plan, conn._engine, salt=1)).to_pylist()
-import math
 m = {x.kind: x for x in plan.measurements}
 truth = {}
 for r in exact:

@@ -21,8 +21,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dpsql.audit.stats import lower_bound  # noqa: E402
 from dpsql.mechanisms import SeededRandom, sample_discrete_laplace  # noqa: E402

@@ -47,16 +47,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpsql.demo import demo_database  # noqa: E402
 
+from _shared import FLOOR, QUERY, append_results, cpu_model, ram_gib  # noqa: E402
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
-QUERY = "SELECT region, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region"
-
-FLOOR = """
-SELECT region, sum(n), sum(s), sum(s) / sum(c) FROM (
-    SELECT user_id, region, count(*) AS n, sum(income) AS s, count(income) AS c
-    FROM visits GROUP BY ALL
-) GROUP BY region"""
 
 # The recommended shape (see benchmarks/README.md), with the demo policy's numbers:
 # income in [0, 250000], 2^20 fixed point, 10 rows and 4 groups per unit, four public
@@ -168,16 +163,8 @@ def open_dpsql(db: Path, policy: Path, epsilon: float, repeats: bool = False) ->
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, Python {platform.python_version()}, duckdb {duckdb.__version__}"
+    return (f"{cpu_model()}, {os.cpu_count()} cores, {ram_gib():.0f} GiB RAM, "
+            f"Python {platform.python_version()}, duckdb {duckdb.__version__}")
 
 
 def report(big: list[Row], tiny: list[Row], args: argparse.Namespace, notes: list[str]) -> str:
@@ -270,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(big, tiny, args, notes)
     print(text)
     if args.write:
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write("\n" + text)
+        append_results(RESULTS, text)
     return 0
 
 

@@ -24,12 +24,12 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _shared import cpu_model  # noqa: E402
 from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace, gaussian_noise, laplace_noise
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -39,16 +39,8 @@ GAUSSIAN_SIGMAS = (4.5, 1e3, 1e6)
 
 def machine() -> str:
     """CPU model, core count, Python and numpy versions."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
     import numpy as np
-    return (f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
             f"numpy {np.__version__}")
 
 

@@ -16,7 +16,7 @@ Then, for each size, it times
 
 three ways, each (engine, size) in a fresh process of its own so that its peak memory is
 its own: ``raw`` (the query on DuckDB), ``floor`` (one ``GROUP BY unit, region`` feeding
-the region aggregate, by hand: bench_core.py's FLOOR) and ``dpsql``
+the region aggregate, by hand: _shared.FLOOR) and ``dpsql``
 (``dpsql.connect(con, ...)`` on that DuckDB connection, epsilon=1.0, in-memory ledger,
 ``repeats=False`` so that every run is a fresh, charged answer). In every process
 ``visits`` and ``regions`` are VIEWs over ``read_parquet(...)`` on an in-memory DuckDB
@@ -59,20 +59,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _shared import FLOOR, QUERY, append_results, cpu_model, ram_gib  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCALE_DIR = HERE / "data" / "scale"
 RESULTS = HERE / "RESULTS.md"
 PNG = HERE / "latency_vs_rows.png"
 
-QUERY = "SELECT region, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region"
-
-# As bench_core.FLOOR (copied, so that a child process need not import bench_core).
-FLOOR = """
-SELECT region, sum(n), sum(s), sum(s) / sum(c) FROM (
-    SELECT user_id, region, count(*) AS n, sum(income) AS s, count(income) AS c
-    FROM visits GROUP BY ALL
-) GROUP BY region"""
 
 ENGINES = ("raw", "floor", "dpsql")
 #: rows -> units; other sizes get rows // 10 units.
@@ -430,17 +424,8 @@ def run_child(engine: str, rows: int, units: int, visits: Path, regions: Path, r
 def machine() -> dict[str, str]:
     import duckdb
 
-    model = platform.processor() or platform.machine()
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
-        "cpu": model, "cores": str(os.cpu_count()), "ram_gib": f"{ram:.0f}",
+        "cpu": cpu_model(), "cores": str(os.cpu_count()), "ram_gib": f"{ram_gib():.0f}",
         "kernel": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(), "duckdb": duckdb.__version__,
     }
@@ -645,8 +630,7 @@ def parent_main(args: argparse.Namespace) -> int:
     text = report(measures, info, notes)
     print(text)
     if args.write:
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write("\n" + text)
+        append_results(RESULTS, text)
         print(f"appended to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
     return 1 if problems else 0
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import statistics
 import sys
@@ -44,6 +43,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dpsql.demo import REGIONS, demo_database  # noqa: E402
+
+from _shared import cpu_model, ram_gib  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 LINF, L0 = 10, 4
@@ -425,16 +426,7 @@ def hash_uniformity(salts: int = 1000, rows: int = 30) -> list[str]:
 # --------------------------------------------------------------------------- reporting
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, duckdb {duckdb.__version__}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, {ram_gib():.0f} GiB RAM, duckdb {duckdb.__version__}"
 
 
 def table(timings: list[Timing]) -> str:

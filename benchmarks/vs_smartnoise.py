@@ -98,6 +98,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 import dpsql  # noqa: E402
+from _shared import append_results, cpu_model, ram_gib  # noqa: E402
 from _smartnoise_worker import Progress  # noqa: E402
 from dpsql.demo import demo_database  # noqa: E402
 
@@ -339,13 +340,7 @@ def errors(runs: Runs, truth: dict[tuple[Any, ...], list[float]], col: int) -> E
 
 
 def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        model = re.search(r"(?m)^Model name:\s*(.+)$", lscpu).group(1).strip()  # type: ignore[union-attr]
-    except (OSError, subprocess.CalledProcessError, AttributeError):
-        model = platform.processor() or platform.machine()
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model} (`lscpu`), {os.cpu_count()} cores, {ram:.0f} GiB RAM, Linux {platform.release()}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, {ram_gib():.0f} GiB RAM, Linux {platform.release()}"
 
 
 def fmt(x: float) -> str:
@@ -534,8 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(ctx)
     print(text)
     if args.write:
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write("\n" + text)
+        append_results(RESULTS, text)
     return 0
 
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
@@ -35,10 +34,11 @@ import pyarrow as pa
 
 from dpsql.accounting import Ledger
 from dpsql.audit.neighbour import AUDIT_KEY_PREFIX, neighbour_database
-from dpsql.audit.stats import TOTAL, Bound, lower_bound
+from dpsql.audit.stats import TOTAL, Bound, is_number, lower_bound
 from dpsql.connection import Connection, connect
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.mechanisms import DiscreteGaussian, gdp_mu
+from dpsql.plan import QueryPlan
 from dpsql.policy import Budget, Policy, load_policy
 
 __all__ = ["AuditReport", "audit", "neighbour_database"]
@@ -161,14 +161,12 @@ def audit(
     return AuditReport(sql, plan.epsilon, plan.delta, runs, confidence, bound, mu, mu_bound, seconds)
 
 
-def _claimed_mu(plan: object) -> float | None:
+def _claimed_mu(plan: QueryPlan) -> float | None:
     """mu of the (epsilon, delta) claim when every noisy quantity is Gaussian (no selection)."""
-    measurements = getattr(plan, "measurements", ())
-    if (getattr(plan, "selection", None) is not None or getattr(plan, "value_releases", ())
-            or not measurements or getattr(plan, "delta", 0) <= 0
-            or not all(isinstance(m.noise, DiscreteGaussian) for m in measurements)):
+    if (plan.selection is not None or plan.value_releases or not plan.measurements or plan.delta <= 0
+            or not all(isinstance(m.noise, DiscreteGaussian) for m in plan.measurements)):
         return None
-    return gdp_mu(plan.epsilon, plan.delta)  # type: ignore[attr-defined]
+    return gdp_mu(plan.epsilon, plan.delta)
 
 
 class _Runner:
@@ -224,7 +222,7 @@ def cells(table: pa.Table, keys: list[str]) -> dict[tuple[Hashable, ...], object
                 out[(*key, seen[key], name)] = value
     if keys:
         for name in table.column_names:
-            numbers = [v for v in table[name].to_pylist() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            numbers = [row[name] for row in rows if is_number(row[name])]
             if name not in keys and numbers:
                 out[(TOTAL, 0, name)] = math.fsum(v for v in numbers if math.isfinite(v))
         out[(TOTAL, 0, "rows")] = table.num_rows
@@ -267,6 +265,3 @@ class _Progress:
             self._stream.write("\n")
             self._stream.flush()
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use: dpsql audit --help")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
 from dpsql.audit import AuditReport
-from dpsql.audit.stats import cell_label
+from dpsql.audit.stats import cell_label, numbers_of
 from dpsql.errors import Error
 
 __all__ = ["plot_audit"]
@@ -36,7 +35,10 @@ def plot_audit(path: str | os.PathLike[str], report: AuditReport,
         axes.text(0.5, 0.5, "no answers to draw", ha="center", va="center")
     else:
         values = {side: [out.get(event.cell) for out in samples[side]] for side in ("D", "D'")}
-        numbers = {side: np.array([float(v) for v in vs if _number(v)]) for side, vs in values.items()}
+        numbers = {}
+        for side, answers in values.items():
+            x = numbers_of(answers)
+            numbers[side] = x[~np.isnan(x)]
         finite = np.concatenate([x[np.isfinite(x)] for x in numbers.values()])
         if finite.size:
             bins = np.histogram_bin_edges(finite, bins=40)
@@ -57,6 +59,3 @@ def plot_audit(path: str | os.PathLike[str], report: AuditReport,
     figure.savefig(path)
     plt.close(figure)
 
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)

@@ -190,7 +190,7 @@ def _choose(first: Outputs, second: Outputs, delta: float, alpha: float,
 def _event_counts(cell: Cell, a0: npt.NDArray[np.object_], a1: npt.NDArray[np.object_]
                   ) -> tuple[list[Event], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The candidate events for one cell, and how often each happened on D and on D'."""
-    x0, x1 = _numbers(a0), _numbers(a1)
+    x0, x1 = numbers_of(a0), numbers_of(a1)
     m0, m1 = np.array([_missing(v) for v in a0]), np.array([_missing(v) for v in a1])
     events = [Event(cell, "missing"), Event(cell, "present")]
     k0 = [int(m0.sum()), int((~m0).sum())]
@@ -203,7 +203,7 @@ def _event_counts(cell: Cell, a0: npt.NDArray[np.object_], a1: npt.NDArray[np.ob
             at_most = np.searchsorted(ordered, cuts, side="right")
             k += [int(v) for pair in zip(ordered.size - at_most, at_most) for v in pair]
         events += [Event(cell, kind, float(t)) for t in cuts for kind in ("above", "at_most")]
-    others = sorted({v for v in (*a0, *a1) if not _missing(v) and not _is_number(v)}, key=repr)
+    others = sorted({v for v in (*a0, *a1) if not _missing(v) and not is_number(v)}, key=repr)
     for v in others[:_THRESHOLDS]:
         events.append(Event(cell, "equals", v))
         k0.append(sum(1 for u in a0 if u == v))
@@ -211,8 +211,9 @@ def _event_counts(cell: Cell, a0: npt.NDArray[np.object_], a1: npt.NDArray[np.ob
     return events, np.array(k0), np.array(k1)
 
 
-def _numbers(values: npt.NDArray[np.object_]) -> npt.NDArray[np.float64]:
-    return np.array([float(v) if _is_number(v) else np.nan for v in values], dtype=float)  # type: ignore[arg-type]
+def numbers_of(values: Sequence[object]) -> npt.NDArray[np.float64]:
+    """The values as floats, NaN where one is missing, NULL or not a number."""
+    return np.array([float(v) if is_number(v) else np.nan for v in values], dtype=float)  # type: ignore[arg-type]
 
 
 def _loss(big: npt.NDArray[np.int64], n_big: int, small: npt.NDArray[np.int64], n_small: int,
@@ -233,9 +234,10 @@ def _column(outputs: Outputs, cell: Cell) -> npt.NDArray[np.object_]:
     return column
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
+    """An int or float (NaN included), not a bool."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 def _missing(value: object) -> bool:
-    return value is None or (_is_number(value) and math.isnan(float(value)))  # type: ignore[arg-type]
+    return value is None or (is_number(value) and math.isnan(float(value)))  # type: ignore[arg-type]
