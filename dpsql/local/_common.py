@@ -1,0 +1,85 @@
+"""What the local-DP modules share: their error, exact Bernoulli draws, permutations.
+
+Randomness comes from a :class:`~dpsql.mechanisms.RandomSource`: the operating system's
+CSPRNG (:data:`~dpsql.mechanisms.default_source`) unless a test passes a seeded one.
+
+A probability ``p`` is drawn as ``U < t`` with ``U`` uniform on the 53-bit integers and
+``t`` an integer threshold, so the probability actually used is ``t / 2**53``. Callers
+round ``t`` in the direction that keeps every likelihood ratio at or below ``e**epsilon``
+(see :func:`threshold`), so the rounding can only make a mechanism more private.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from dpsql.errors import Error
+from dpsql.mechanisms import RandomSource, default_source, uniform_below
+
+__all__ = ["ONE", "ReportError", "bernoulli", "check_epsilon", "permutation", "source_or_default",
+           "threshold"]
+
+#: Probabilities are integers out of ``ONE``: the 53-bit uniforms every draw uses.
+ONE = 1 << 53
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class ReportError(Error):
+    """A local-DP input is invalid: a value, a parameter or a record that cannot be reported.
+
+    >>> import dpsql
+    >>> issubclass(ReportError, dpsql.Error)
+    True
+    """
+
+
+def source_or_default(source: RandomSource | None) -> RandomSource:
+    """The source to draw from: ``source`` (tests only) or the OS CSPRNG."""
+    return default_source if source is None else source
+
+
+def check_epsilon(epsilon: object, what: str = "epsilon") -> float:
+    """``epsilon`` as a float, or a :class:`ReportError` saying it must be finite and > 0."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating, np.integer)):
+        raise ReportError(f"{what} must be a number greater than 0, got {epsilon!r}")
+    value = float(epsilon)
+    if not math.isfinite(value) or value <= 0:
+        raise ReportError(f"{what} must be a finite number greater than 0, got {value!r}; "
+                          "typical local epsilons are 0.5 to 4")
+    if value > 50:
+        raise ReportError(f"{what} = {value!r} is too large to mean anything (e**epsilon "
+                          "overflows the mechanism's arithmetic); use at most 50")
+    return value
+
+
+def threshold(p: npt.ArrayLike, *, up: bool) -> IntArray:
+    """Integer thresholds ``t`` with ``t / 2**53`` rounded up (``up``) or down from ``p``."""
+    scaled = np.asarray(p, dtype=np.float64) * ONE  # exact: a power-of-two scaling
+    rounded = np.ceil(scaled) if up else np.floor(scaled)
+    return np.clip(rounded, 0, ONE).astype(np.int64)
+
+
+def bernoulli(source: RandomSource, thresholds: IntArray) -> npt.NDArray[np.bool_]:
+    """One draw per element: True with probability ``thresholds / 2**53`` exactly."""
+    n = thresholds.size
+    words = source.uint64(n) if n else np.zeros(0, dtype=np.uint64)
+    uniform = (words >> np.uint64(11)).astype(np.int64)
+    return (uniform < thresholds.reshape(-1)).reshape(thresholds.shape)
+
+
+def permutation(source: RandomSource, n: int) -> IntArray:
+    """A uniformly random permutation of ``range(n)`` (Fisher-Yates, exact uniform swaps)."""
+    order = np.arange(n, dtype=np.int64)
+    if n < 2:
+        return order
+    bounds = np.arange(n, 1, -1, dtype=np.int64)  # position i swaps with one of i..n-1
+    picks = uniform_below(source, bounds, n - 1)
+    for i, j in enumerate(picks.tolist()):
+        k = i + j
+        order[i], order[k] = order[k], order[i]
+    return order
