@@ -12,6 +12,7 @@ round ``t`` in the direction that keeps every likelihood ratio at or below ``e**
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
@@ -19,8 +20,8 @@ import numpy.typing as npt
 from dpsql.errors import Error
 from dpsql.mechanisms import RandomSource, default_source, uniform_below
 
-__all__ = ["ONE", "ReportError", "bernoulli", "check_epsilon", "permutation", "source_or_default",
-           "threshold"]
+__all__ = ["ONE", "ReportError", "bernoulli", "check_epsilon", "exact_threshold", "permutation",
+           "source_or_default", "threshold"]
 
 #: Probabilities are integers out of ``ONE``: the 53-bit uniforms every draw uses.
 ONE = 1 << 53
@@ -62,6 +63,14 @@ def threshold(p: npt.ArrayLike, *, up: bool) -> IntArray:
     scaled = np.asarray(p, dtype=np.float64) * ONE  # exact: a power-of-two scaling
     rounded = np.ceil(scaled) if up else np.floor(scaled)
     return np.clip(rounded, 0, ONE).astype(np.int64)
+
+
+def exact_threshold(p: Fraction, *, up: bool) -> int:
+    """``p * 2**53`` rounded up or down exactly (``p`` a rational such as ``e / (e + 1)``
+    with ``e = Fraction(math.exp(epsilon))``, the float's exact value)."""
+    scaled = p * ONE
+    whole = math.ceil(scaled) if up else math.floor(scaled)
+    return min(max(whole, 0), ONE)
 
 
 def bernoulli(source: RandomSource, thresholds: IntArray) -> npt.NDArray[np.bool_]:

@@ -37,12 +37,13 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.local._common import ONE, ReportError, bernoulli, check_epsilon, source_or_default, threshold
+from dpsql.local._common import ONE, ReportError, bernoulli, check_epsilon, exact_threshold, source_or_default
 from dpsql.mechanisms import RandomSource, uniform_below
 
 __all__ = ["CategoryReports", "CountEstimate", "FrequencyOracle", "choose_oracle", "perturb_category"]
@@ -70,7 +71,7 @@ class FrequencyOracle:
     >>> o = FrequencyOracle("grr", 2, math.log(3))
     >>> round(o.p, 6), round(o.q, 6)
     (0.75, 0.25)
-    >>> round(o.variance(100), 6)   # n q(1-q) / (p-q)^2 = 100 * 0.1875 / 0.25
+    >>> round(float(o.variance(100)), 6)   # n q(1-q) / (p-q)^2 = 100 * 0.1875 / 0.25
     75.0
     """
 
@@ -99,13 +100,13 @@ class FrequencyOracle:
     @property
     def keep_threshold(self) -> int:
         """GRR/OLH: the chance of keeping the true value, times ``2**53`` (rounded down)."""
-        e, g = math.exp(self.epsilon), self.buckets
-        return int(threshold(e / (e + g - 1), up=False))
+        e, g = Fraction(math.exp(self.epsilon)), self.buckets
+        return exact_threshold(e / (e + g - 1), up=False)
 
     @property
     def flip_threshold(self) -> int:
         """OUE: the chance an unset bit is sent as 1, times ``2**53`` (rounded up)."""
-        return int(threshold(1 / (math.exp(self.epsilon) + 1), up=True))
+        return exact_threshold(1 / (Fraction(math.exp(self.epsilon)) + 1), up=True)
 
     @property
     def p(self) -> float:

@@ -22,20 +22,22 @@ nothing about whether the value was missing, but pulls the estimated mean toward
 
 Exactness. The choice is ``U < t`` for a uniform 53-bit integer ``U``, with ``t`` the
 probability times ``2**53``, rounded and then held within ``[ceil(2**53 / (e^eps + 1)),
-floor(2**53 e^eps / (e^eps + 1))]``; so the ratio of the probabilities actually used is at
-most ``e^eps`` (as computed in floating point), and the bias is below ``A / 2**52``.
+floor(2**53 e^eps / (e^eps + 1))]`` (in exact rational arithmetic on the float ``e^eps``); so
+the ratio of the probabilities actually used is at most ``e^eps`` exactly, and the bias is
+below ``A / 2**52``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.local._common import ReportError, bernoulli, check_epsilon, source_or_default, threshold
+from dpsql.local._common import ReportError, bernoulli, check_epsilon, exact_threshold, source_or_default, threshold
 from dpsql.mechanisms import RandomSource
 
 __all__ = ["AdaptiveRange", "perturb"]
@@ -55,7 +57,7 @@ class AdaptiveRange:
     >>> m = AdaptiveRange(0.0, 10.0, 1.0)
     >>> m.center, m.radius, round(m.magnitude, 4)
     (5.0, 5.0, 10.8198)
-    >>> round(m.probability_high(10.0) / m.probability_high(0.0), 6) == round(math.e, 6)
+    >>> bool(abs(m.probability_high(10.0) / m.probability_high(0.0) - math.e) < 1e-12)
     True
     """
 
@@ -101,9 +103,9 @@ class AdaptiveRange:
 
     def thresholds(self, w: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """The integer thresholds the draw uses: ``P(c + A) = thresholds / 2**53`` exactly."""
-        e = math.exp(self.epsilon)
-        low = int(threshold(1 / (e + 1), up=True))
-        high = int(threshold(e / (e + 1), up=False))
+        e = Fraction(math.exp(self.epsilon))  # the float's exact value: ratios hold exactly
+        low = exact_threshold(1 / (e + 1), up=True)
+        high = exact_threshold(e / (e + 1), up=False)
         return np.clip(threshold(self.probability_high(w), up=True), low, high)
 
     def variance(self, w: npt.ArrayLike) -> FloatArray:
