@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.errors import Error
-from dpsql.mechanisms import RandomSource, default_source, uniform_below
+from dpsql.mechanisms import RandomSource, default_source
 
 __all__ = ["ONE", "ReportError", "bernoulli", "check_epsilon", "exact_threshold", "permutation",
            "source_or_default", "threshold"]
@@ -82,13 +82,14 @@ def bernoulli(source: RandomSource, thresholds: IntArray) -> npt.NDArray[np.bool
 
 
 def permutation(source: RandomSource, n: int) -> IntArray:
-    """A uniformly random permutation of ``range(n)`` (Fisher-Yates, exact uniform swaps)."""
-    order = np.arange(n, dtype=np.int64)
-    if n < 2:
-        return order
-    bounds = np.arange(n, 1, -1, dtype=np.int64)  # position i swaps with one of i..n-1
-    picks = uniform_below(source, bounds, n - 1)
-    for i, j in enumerate(picks.tolist()):
-        k = i + j
-        order[i], order[k] = order[k], order[i]
-    return order
+    """A uniformly random permutation of ``range(n)``: the order of ``n`` random 64-bit keys.
+
+    Keys are redrawn until all differ (a tie has probability below ``n**2 / 2**65``); given
+    distinct keys every order is equally likely by symmetry, so the permutation is exactly
+    uniform, and sorting keeps it vectorised.
+    """
+    while True:
+        keys = source.uint64(n) if n else np.zeros(0, dtype=np.uint64)
+        order = np.argsort(keys, kind="stable")
+        if n < 2 or bool(np.all(keys[order][1:] != keys[order][:-1])):
+            return order.astype(np.int64)
