@@ -134,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=8815, help="port (default 8815; 0 picks a free one)")
     serve.add_argument("--tls-cert", help="PEM certificate: serve grpc+tls (needs --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.add_argument("--pg-port", type=_port, default=None,
+                       help="also serve the Postgres wire protocol (psql, psycopg, BI tools) on this port "
+                            "(default off; 0 picks a free one)")
+    serve.add_argument("--pg-host", default="127.0.0.1", help="address of the Postgres front (default 127.0.0.1)")
     serve.set_defaults(command=run_serve)
     return parser
 
@@ -322,6 +326,9 @@ def run_token_create(args: argparse.Namespace) -> int:
 
     replaced = os.path.exists(args.auth) and args.analyst in read_auth_file(args.auth)
     token = create_token(args.auth, args.analyst)
+    from dpsql.pgwire.scram import store_verifier
+
+    store_verifier(args.auth, args.analyst, token)  # for SCRAM-SHA-256 logins to --pg-port
     if replaced:
         print(f"replaced the previous token of {args.analyst!r}: it no longer works.")
     print(f"token for analyst {args.analyst!r} (its salted hash is in {args.auth}; the token "
@@ -336,6 +343,9 @@ def run_token_revoke(args: argparse.Namespace) -> int:
     from dpsql.auth import revoke_token
 
     revoke_token(args.auth, args.analyst)
+    from dpsql.pgwire.scram import remove_verifier
+
+    remove_verifier(args.auth, args.analyst)
     print(f"revoked the token of {args.analyst!r} in {args.auth}")
     return 0
 
@@ -348,8 +358,10 @@ def run_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         database=args.db, policy=args.policy, ledger=args.ledger, auth=args.auth,
         host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        pg_port=args.pg_port, pg_host=args.pg_host,
     )
-    return serve(options, on_ready=lambda location: print(f"listening on {location}", flush=True))
+    return serve(options, on_ready=lambda location: print(f"listening on {location}", flush=True),
+                 on_pg_ready=lambda address: print(f"listening on {address}", flush=True))
 
 
 # ---------------------------------------------------------------- dpsql demo

@@ -348,6 +348,8 @@ class ServeOptions:
     port: int = 8815
     tls_cert: str | None = None
     tls_key: str | None = None
+    pg_port: int | None = None  # the Postgres wire protocol front (dpsql.pgwire), off when None
+    pg_host: str = "127.0.0.1"
 
 
 def serve(
@@ -355,6 +357,7 @@ def serve(
     *,
     stop: threading.Event | None = None,
     on_ready: Callable[[str], None] | None = None,
+    on_pg_ready: Callable[[str], None] | None = None,
 ) -> int:
     """Run the server until SIGTERM/SIGINT (or ``stop`` is set); return the exit code (0).
 
@@ -362,6 +365,7 @@ def serve(
         options: what ``dpsql serve`` was given.
         stop: set it to stop the server (for running it in a thread).
         on_ready: called with the location once the server accepts calls.
+        on_pg_ready: called with the Postgres front's address once it accepts connections.
 
     Raises:
         Error: a bad database, policy, ledger, auth file or TLS setting, before listening.
@@ -390,7 +394,10 @@ def serve(
         address = f"{scheme}://{_host_for_uri(options.host)}:{server.port}"
         stop = stop if stop is not None else threading.Event()
         restore = _install_signal_handlers(stop)
+        pg = None
         try:
+            if options.pg_port is not None:
+                pg = _start_pg(options, service, verifier)
             log.info(
                 "dpsql %s serving %s on %s (policy %s, ledger %s, auth %s: %d analysts with a token)",
                 dpsql.__version__, options.database, address, options.policy, options.ledger,
@@ -398,9 +405,13 @@ def serve(
             )
             if on_ready is not None:
                 on_ready(address)
+            if pg is not None and on_pg_ready is not None:
+                on_pg_ready(pg.address)
             while not stop.wait(0.5):
                 pass
             log.info("shutting down: finishing the calls in flight")
+            if pg is not None:
+                pg.stop()
             _shutdown(server)
         finally:
             restore()
@@ -408,6 +419,20 @@ def serve(
         service.close()
     log.info("stopped; the ledger is closed")
     return 0
+
+
+def _start_pg(options: ServeOptions, service: Service, verifier: TokenVerifier) -> Any:
+    """Start the Postgres wire protocol front (``--pg-port``) over the same service."""
+    from dpsql.pgwire import PgServer
+
+    pg = PgServer(service, verifier, options.auth, options.pg_host, options.pg_port or 0,
+                  tls_cert=options.tls_cert, tls_key=options.tls_key)
+    if pg.tls is None and not _is_loopback(options.pg_host):
+        log.warning("Postgres front on %s without TLS: answers cross the network in clear text (SCRAM keeps "
+                    "the token itself off the wire); pass --tls-cert and --tls-key", options.pg_host)
+    pg.start()
+    log.info("Postgres wire protocol on %s", pg.address)
+    return pg
 
 
 def _shutdown(server: DpsqlFlightServer) -> None:

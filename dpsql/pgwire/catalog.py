@@ -67,6 +67,12 @@ _MACROS = [
     "CREATE MACRO txid_current() AS 1",
     "CREATE MACRO pg_get_statisticsobjdef_columns(id) AS NULL",
     "CREATE MACRO array_upper(items, dimension) AS len(items)",
+    "CREATE MACRO pg_collation_is_visible(id) AS true",
+    "CREATE MACRO dpsql_format_type(wanted_type, wanted_mod) AS CASE pg_catalog.format_type(wanted_type, wanted_mod) "
+    "WHEN 'int8' THEN 'bigint' WHEN 'int4' THEN 'integer' WHEN 'int2' THEN 'smallint' "
+    "WHEN 'float8' THEN 'double precision' WHEN 'float4' THEN 'real' WHEN 'varchar' THEN 'text' "
+    "WHEN 'bool' THEN 'boolean' ELSE pg_catalog.format_type(wanted_type, wanted_mod) END",
+    "CREATE MACRO pg_type_is_visible(id) AS true",
     "CREATE MACRO array_lower(items, dimension) AS 1",
     "CREATE MACRO pg_relation_is_publishable(id) AS false",
     "CREATE MACRO pg_get_triggerdef(id, pretty := true) AS NULL",
@@ -108,7 +114,7 @@ class Catalog:
             timer = threading.Timer(TIMEOUT_SECONDS, self._con.interrupt)
             timer.start()
             try:
-                table = self._con.execute(sql).to_arrow_table()
+                table = self._con.sql(sql).to_arrow_table()
             except duckdb.InterruptException:
                 raise QueryRejected(f"the catalog query took longer than {TIMEOUT_SECONDS:g} s and was stopped.") from None
             except duckdb.Error as exc:
@@ -203,10 +209,19 @@ def _rewrite_node(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and node.this.name.casefold() == "pg_catalog" \
             and isinstance(node.expression, exp.Func):
         return _rewrite_node(node.expression)
-    if isinstance(node, (exp.Anonymous, exp.Func)) and _function_name(node) == "version":
+    if isinstance(node, exp.CurrentVersion) or (isinstance(node, exp.Anonymous) and _function_name(node) == "version"):
         return exp.Literal.string(VERSION_TEXT)
+    if isinstance(node, exp.Anonymous) and _function_name(node) == "format_type":
+        node.set("this", "dpsql_format_type")  # Postgres's type names, not DuckDB's
+        return node
+    if isinstance(node, exp.Anonymous) and _function_name(node) in ("json_build_object", "jsonb_build_object"):
+        return exp.Null()  # only for identity columns and collations, which the mirror has none of
     if isinstance(node, exp.Cast):
         return _rewrite_cast(node)
+    if isinstance(node, exp.Column) and node.args.get("db") is not None:
+        node.set("db", None)  # pg_catalog.pg_class.relname -> pg_class.relname
+        node.set("catalog", None)
+        return node
     if isinstance(node, exp.DataType) and isinstance(node.args.get("kind"), exp.Dot):
         name = node.args["kind"].name.casefold()  # pg_catalog.int2 -> int2
         if name not in _OID_TYPES:

@@ -439,12 +439,12 @@ class Session:
 
     def _query(self, sql: str) -> Outcome:
         tree = _parse(sql)
-        if tree is not None and cat.is_catalog_query(tree, self.server.catalog.tables):
-            table = self.server.catalog.answer(tree)
-            return _table_outcome(table)
         inner = _explain_call(tree)
         if inner is not None:
             return self._explain(inner)
+        if tree is not None and cat.is_catalog_query(tree, self.server.catalog.tables):
+            table = self.server.catalog.answer(tree)
+            return _table_outcome(table)
         epsilon, delta = self._amounts(sql)
         started = time.perf_counter()
         described = _describe(sql, epsilon, delta)
