@@ -17,9 +17,12 @@ from dpsql.errors import (
     InternalError,
     PolicyError,
     PolicyViolation,
+    QueryFailed,
     QueryRejected,
+    RateLimited,
 )
 from dpsql.policy import Policy, load_policy
+from dpsql import local  # dpsql.local: local differential privacy, its own namespace
 from dpsql.result import Result
 
 __version__ = "0.1.0"
@@ -36,7 +39,9 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyViolation",
+    "QueryFailed",
     "QueryRejected",
+    "RateLimited",
     "Result",
     "__version__",
     "connect",

@@ -92,6 +92,12 @@ def resolve_budget(policy: Policy, epsilon: float | None, delta: float | None) -
             raise QueryRejected(f"{name} must be a finite number, got {str(value)[:40]!r}.")
     if eps <= 0:
         raise QueryRejected(f"epsilon must be > 0, got {eps}; pass e.g. epsilon=0.5.")
+    if eps < policy.min_epsilon_per_query:
+        raise PolicyViolation(
+            f"epsilon={eps} is below the policy's min_epsilon_per_query="
+            f"{policy.min_epsilon_per_query}: every query that reads data is also a chance to probe "
+            "a side channel, so the policy sets a floor on what one costs. Ask for at least that."
+        )
     if eps > policy.max_epsilon_per_query:
         raise PolicyViolation(
             f"epsilon={eps} is above the policy's max_epsilon_per_query="

@@ -16,7 +16,9 @@ An auth file (TOML) maps each analyst to one token, stored only as a salted scry
 
 A token is ``<token_id>.<secret>``: ``secret`` is ``secrets.token_urlsafe(32)`` (256 random
 bits) and ``token_id`` (48 random bits, hex) names the record to check it against, so a
-request costs at most one hash however many analysts there are. A token maps to exactly one
+request costs at most one hash however many analysts there are. A request with an unknown
+id costs that one hash too (against a random decoy record at the default cost), so the
+time of a refusal does not say whether the id exists. A token maps to exactly one
 analyst; creating a token for an analyst who has one replaces (revokes) the old one.
 
 The file is written atomically (a temporary file in the same directory, ``fsync``, then
@@ -182,6 +184,7 @@ class TokenVerifier:
         self._version: tuple[int, int, int] | None = None
         self._verified: dict[bytes, TokenRecord] = {}
         self._load_error: str | None = None
+        self._decoy = TokenRecord("", "", secrets.token_bytes(_SALT_BYTES), secrets.token_bytes(_HASH_BYTES))
         if not os.path.exists(self.path):
             raise Error(
                 f"auth file {self.path!r} does not exist. Create a token first: "
@@ -213,7 +216,10 @@ class TokenVerifier:
             record = self._by_id.get(token_id)
             if record is not None and self._verified.get(digest) == record:
                 return record.analyst
-        if record is None or not record.matches(secret):  # scrypt, outside the lock
+        # scrypt, outside the lock. An unknown id is hashed against a decoy record of the
+        # same cost, so that a wrong secret for a real id and any secret for a made-up id
+        # take the same time: token ids cannot be enumerated by timing (DESIGN §7).
+        if not (record or self._decoy).matches(secret) or record is None:
             raise AuthenticationError(_REJECTED)
         with self._lock:
             self._refresh()

@@ -18,16 +18,19 @@ An answer is stored under a SHA-256 of:
 - the policy's table rules (:func:`policy_fingerprint`) and the plan's noise (each
   measurement's mechanism, sensitivity, lattice and scale), so a changed policy or a changed
   calibration never reuses an answer;
-- the fingerprint of the data the query read (``Engine.fingerprint``: row count and two
-  sums of row hashes per table, computed by the database; see :mod:`dpsql.engine`).
+- the version of the data, named without reading it (``Engine.data_version``: for a file
+  opened by path, its identity and modification time; for a wrapped connection, the
+  ``data_version`` its owner passed to :func:`dpsql.connect`).
 
 When answers are invalidated
 ----------------------------
-- **Data changes**: the fingerprint is taken on every query (for a database opened by path,
-  which is read-only and locked against writers while open, once per table per
-  connection). The answer's fingerprint is read in the same snapshot as the query itself,
-  so an answer is never stored under data it was not computed from, and a changed table
-  never matches an old answer.
+- **Data changes** that the owner makes visible: a rewritten database file, or a new
+  ``data_version``. Nothing reads the data to decide whether a stored answer still
+  applies: an earlier version keyed answers on a digest of every row read, so whether a
+  repeat was served told the analyst, for free and exactly, whether anyone's rows had
+  changed (DESIGN §7). Serving an earlier release is post-processing, so a stale answer
+  costs no privacy; it is stale, though: a wrapped connection whose data changes should
+  pass a new ``data_version`` (or ``repeats=False``).
 - **Policy changes**: any change to a table's rules (bounds, caps, columns, public values,
   privacy unit) or to how noise is calibrated. Budget changes do not invalidate (they do
   not change an answer).
@@ -35,9 +38,8 @@ When answers are invalidated
   when it was stored; an answer is served only while the ledger still starts that way. A
   deleted and recreated ledger therefore starts every analyst afresh.
 - **Not stored at all**: a query that uses a registered UDF (the function's code is not in
-  the key; re-registering a name must not serve the old function's answer), and an order
-  statistic whose values, read in a second statement, came from data that changed after the
-  main query's snapshot.
+  the key; re-registering a name must not serve the old function's answer), and a query
+  whose run failed after the charge (:class:`~dpsql.errors.QueryFailed`).
 - **Never**, otherwise: answers do not expire. Delete the answers file to drop them all.
 
 Where answers are kept
@@ -93,7 +95,7 @@ __all__ = [
 ]
 
 #: Bump when the key or the stored answer changes meaning: old answers are then ignored.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 ANSWERS_SUFFIX = ".answers"
 REPEAT_NOTE = "repeat: served from cache, charged nothing"
 _FILE_FORMAT = "dpsql-answers"

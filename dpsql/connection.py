@@ -3,24 +3,37 @@
 ``execute`` is the whole pipeline, one line per pass::
 
     plan  = analyze(sql, policy, schema, epsilon, delta)      # every refusal, no data read
+    ledger.charge(analyst, budget, charge)                    # before any private table is read
     exact = engine.run(bounded_query(plan, engine))           # bounded, clipped, exact sums
     noisy = noisy_table(plan, exact)                          # discrete noise, aggregates
-    ledger.charge(analyst, budget, charge)                    # before anything leaves
     table = postprocessor.run(plan, noisy)                    # select list, HAVING, ORDER BY
 
-A query refused by ``analyze`` or by the budget pre-check charges nothing. A query whose
-engine run fails charges nothing either (nothing noisy was made). The charge is committed
-before the result is returned; a crash after it loses budget, never privacy.
+Everything an analyst observes is a release (DESIGN §7), so the order matters:
+
+- A query refused by ``analyze`` charges nothing and has read nothing.
+- The ledger decides and records the charge *before* the engine reads a private table, for
+  every accountant: a query the budget cannot pay is refused (:class:`BudgetExceeded`)
+  without running.
+- If reading the data then fails (an engine error, an interrupt at the deadline, anything
+  raised before the noise is added), the charge stands and the analyst gets one fixed,
+  message-free :class:`~dpsql.errors.QueryFailed`: never the engine's text, which could
+  quote or depend on one person's row. The cause goes to the ``dpsql`` logger (type and
+  stack, no message) for the data owner.
+- An error in post-processing (HAVING, casts of the select list) depends only on noisy
+  values and is charged like an answer.
 
 Free repeats (:mod:`dpsql.cache`). Before anything is charged, ``execute`` looks the query
-up by (analyst, normalised SQL, epsilon, delta, policy and noise, data fingerprint): an
-answer released before is returned again, charged nothing, with ``res.cached`` true and a
-note in ``res.privacy.notes``. Otherwise the bounded query runs together with the
-fingerprint of the data it reads, and the charge, the result and the stored answer happen
-in one transaction of the answers file, so that two processes asking the same new query pay
-once and see one answer. An engine without ``fingerprint``, a connection opened with
-``repeats=False``, and a query that uses a registered UDF (its code is not in the key) get
-no repeats: each execute is charged and draws fresh noise.
+up by (analyst, normalised SQL, epsilon, delta, policy and noise, data version): an answer
+released before is returned again, charged nothing, with ``res.cached`` true and a note in
+``res.privacy.notes``. The data version is named without reading the data (see
+:mod:`dpsql.engine`). Otherwise the charge, the run and the stored answer happen in one
+transaction of the answers file, so that two processes asking the same new query pay once
+and see one answer. A connection opened with ``repeats=False``, and a query that uses a
+registered UDF (its code is not in the key) get no repeats: each execute is charged and
+draws fresh noise.
+
+Timing (:mod:`dpsql.timing`). With ``deadline=`` the answer (or error) of a query that reads
+data is held until a deadline computed from public facts only; the server always does this.
 
 Dry runs (:mod:`dpsql.explain`). ``explain`` and ``epsilon_for`` work on plans alone: they
 read no data and charge nothing.
@@ -28,8 +41,10 @@ read no data and charge nothing.
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Sequence
+import threading
+import traceback
 from dataclasses import asdict, replace
 from types import TracebackType
 from typing import Any
@@ -42,8 +57,11 @@ from dpsql.accounting import BudgetStatus, Charge, Ledger
 from dpsql.analyze import analyze, resolve_budget
 from dpsql.cache import REPEAT_NOTE, CachedAnswer, RepeatCache, policy_fingerprint, repeat_key
 from dpsql.engine import DuckDBEngine, Engine
-from dpsql.errors import BudgetExceeded, Error
+from dpsql.errors import Error, QueryFailed
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
+from dpsql.local.query import answer as answer_local
+from dpsql.local.query import references_local_table
+from dpsql.local.store import ReportStore, open_report_store
 from dpsql.mechanisms import RandomSource
 from dpsql.plan import QueryPlan, ValueRelease
 from dpsql.policy import Policy, check_against_schema, load_policy
@@ -51,9 +69,12 @@ from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 from dpsql.rewrite import bounded_query, salt_parameters, value_query
-from dpsql.udf.registry import UDF, choose_strategy, validate_udf
+from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
+from dpsql.udf.registry import UDF, check_strategy, choose_strategy, validate_udf
 
 __all__ = ["Connection", "Explanation", "connect"]
+
+log = logging.getLogger("dpsql")
 
 #: Plans remembered per connection.
 _PLAN_CACHE = 256
@@ -75,6 +96,8 @@ class Connection:
         noise_source: RandomSource | None = None,
         repeats: bool = True,
         answers: RepeatCache | None = None,
+        timing: Timing | None = None,
+        reports: str | os.PathLike[str] | ReportStore | None = None,
     ) -> None:
         """Chain the passes over ``engine`` for ``analyst``.
 
@@ -83,7 +106,11 @@ class Connection:
                 ``False`` charges every execute and draws fresh noise each time.
             answers: where released answers are kept for free repeats; by default beside
                 the ledger's file (``<ledger>.answers``), or in memory for an in-memory
-                ledger. No repeats when the engine has no ``fingerprint``.
+                ledger. No repeats when the engine has no ``data_version``.
+            timing: hold every answer that reads data until its deadline
+                (:mod:`dpsql.timing`); ``None``: answer as soon as done.
+            reports: the report store of the policy's local tables (:mod:`dpsql.local`): a
+                path (opened here, closed with the connection) or a ``ReportStore``.
         """
         if not isinstance(analyst, str) or not analyst:
             raise Error("analyst must be a non-empty string naming whose budget is charged.")
@@ -92,13 +119,15 @@ class Connection:
         self._analyst = analyst
         self._ledger = ledger
         self._source = noise_source
+        self._reports, self._owns_reports = open_report_store(reports)
         self._closed = False
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
         self._plans: dict[tuple[str, float | None, float | None], QueryPlan] = {}
         self._sql_texts: dict[int, tuple[QueryPlan, str]] = {}
         self._answers: RepeatCache | None = None
-        if repeats and hasattr(engine, "fingerprint") and hasattr(engine, "run_fingerprinted"):
+        self._timing = timing
+        if repeats and hasattr(engine, "data_version"):
             self._answers = answers if answers is not None else RepeatCache.beside(getattr(ledger, "path", None))
         self._policy_fingerprint = policy_fingerprint(policy)
         self._post = Postprocessor()
@@ -136,6 +165,8 @@ class Connection:
             public_values=self._public_values, udfs=self._udfs,
         )
         self._post.check(plan, noisy_schema(plan))
+        for release in plan.value_releases:  # refusals the release would make: before the charge
+            check_strategy(release.target, plan.delta)  # type: ignore[arg-type]
         return plan
 
     def _public_values(self, table: str, column: str) -> tuple[object, ...] | None:
@@ -143,6 +174,9 @@ class Connection:
         ``MAX_PUBLIC_KEYS`` (such a key then goes through partition selection)."""
         if not self._policy.table(table) or not self._policy.table(table).public:  # type: ignore[union-attr]
             return None
+        if self._timing is not None:  # not while another query runs: its time would show
+            with self._timing.slot:
+                return self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS)
         return self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS)
 
     def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Explanation:
@@ -236,41 +270,69 @@ class Connection:
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Result:
         """Answer ``sql`` with differential privacy, charging (epsilon, delta).
 
-        A repeat (same analyst, normalised SQL, epsilon, delta, policy and data) returns the
-        answer already released and charges nothing; see the module docstring.
+        A repeat (same analyst, normalised SQL, epsilon, delta, policy and data version)
+        returns the answer already released and charges nothing; see the module docstring.
+
+        Raises:
+            QueryRejected, PolicyViolation: the query cannot be answered; nothing charged.
+            BudgetExceeded: the budget cannot pay; nothing charged, no data read.
+            QueryFailed: charged, then the run failed (one fixed message, see above).
         """
+        if references_local_table(sql, self._policy):  # local DP: post-processing, no charge
+            self._check_open()
+            return answer_local(sql, self._policy, self._reports)
         plan = self.plan(sql, epsilon=epsilon, delta=delta)
+        if self._timing is None or self.is_repeat(plan, sql):
+            return self._execute(plan, sql)
+        return self._timing.hold(lambda late: self._execute(plan, sql, late), self._timing.deadline(plan))
+
+    def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
+        """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
+        if self._answers is None or _uses_udf(plan):
+            return False
+        return self._answers.get(self._repeat_key(plan, sql), self._anchor()) is not None
+
+    def _execute(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
         budget = self._policy.budget_for(self._analyst)
         if self._answers is None or _uses_udf(plan):
-            self._precheck(plan, budget)
-            text = self._bounded_sql(plan)
-            exact = self._engine.run(text, salt_parameters(text))
-            noisy, report = self._noisy(plan, exact)
-            self._ledger.charge(self._analyst, budget, _charge(plan, sql))
+            self._ledger.charge(self._analyst, budget, _charge(plan, sql))  # before any data
+            noisy, report = self._read(plan, late)
             table, cells = self._post.run(plan, noisy)
             return _with_values(_result(plan, table, cells, sql, cached=False), plan, report)
-        tables = _tables_read(plan)
-        key = self._repeat_key(plan, sql, self._engine.fingerprint(tables))  # type: ignore[attr-defined]
+        key = self._repeat_key(plan, sql)
         cached = self._answers.get(key, self._anchor())
         if cached is not None:
             return _repeat(plan, cached, sql)
-        self._precheck(plan, budget)
-        text = self._bounded_sql(plan)
-        exact, read = self._engine.run_fingerprinted(text, tables, salt_parameters(text))  # type: ignore[attr-defined]
-        key = self._repeat_key(plan, sql, read)  # the data this answer was computed from
-        noisy, report = self._noisy(plan, exact)
-        if plan.value_releases and self._engine.fingerprint(tables) != read:  # type: ignore[attr-defined]
-            key = ""  # values were read in another statement, from changed data: do not keep
         with self._answers.claim() as claim:
-            cached = claim.get(key, self._anchor()) if key else None
+            cached = claim.get(key, self._anchor())
             if cached is not None:  # another connection answered it meanwhile
                 return _repeat(plan, cached, sql)
-            self._ledger.charge(self._analyst, budget, _charge(plan, sql))
+            self._ledger.charge(self._analyst, budget, _charge(plan, sql))  # before any data
+            noisy, report = self._read(plan, late)
             table, cells = self._post.run(plan, noisy)
             result = _with_values(_result(plan, table, cells, sql, cached=False), plan, report)
-            if key:
-                claim.put(key, self._anchor(), self._analyst, sql, table, cells, asdict(result.privacy))
+            claim.put(key, self._anchor(), self._analyst, sql, table, cells, asdict(result.privacy))
         return result
+
+    def _read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
+        """Run the bounded query and add the noise: the only step that reads private data.
+
+        Called after the charge. Whatever goes wrong here (an engine error, an interrupt, a
+        bug) becomes one :class:`QueryFailed` with a fixed message; the exception is
+        logged for the data owner (type and stack, never its message) and raised outside
+        this ``except`` block, so not even ``__context__`` carries it to the caller.
+        ``late`` is set when the query's deadline has passed (:mod:`dpsql.timing`): what was
+        read is then discarded.
+        """
+        try:
+            text = self._bounded_sql(plan)
+            exact = self._engine.run(text, salt_parameters(text))
+            if late is None or not late.is_set():
+                return self._noisy(plan, exact)
+        except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
+            log.warning("a charged query failed while reading the data (%s); stack:\n%s",
+                        type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
+        raise QueryFailed()
 
     def _bounded_sql(self, plan: QueryPlan) -> str:
         """The bounded query's text, its salts left as parameters: generated once per plan
@@ -310,10 +372,10 @@ class Connection:
         self._plans.clear()
         self._sql_texts.clear()
 
-    def _repeat_key(self, plan: QueryPlan, sql: str, data: str) -> str:
+    def _repeat_key(self, plan: QueryPlan, sql: str) -> str:
         return repeat_key(
             analyst=self._analyst, sql=sql, epsilon=plan.epsilon, delta=plan.delta,
-            policy=self._policy_fingerprint, noise=_described(plan), data=data,
+            policy=self._policy_fingerprint, noise=_described(plan), data=self._engine.data_version(),
         )
 
     def _anchor(self) -> str:
@@ -326,28 +388,6 @@ class Connection:
                 return "no events"
             self._anchor_cache = f"{first[0].id}:{first[0].time!r}"
         return self._anchor_cache
-
-    def _precheck(self, plan: QueryPlan, budget: object) -> None:
-        """Refuse before reading data when the budget cannot pay. The basic accountant's cost
-        is the query's own (epsilon, delta); a tighter accountant's is its composition, asked
-        of the ledger as a dry run (:meth:`~dpsql.accounting.Ledger.check`, writes nothing)."""
-        if getattr(getattr(self._ledger, "accountant", None), "name", "basic") != "basic":
-            check = getattr(self._ledger, "check", None)
-            if check is not None:
-                check(self._analyst, budget, _charge(plan, plan.sql))
-            return
-        status = self._ledger.status(self._analyst, budget)  # type: ignore[arg-type]
-        if plan.epsilon > status.epsilon_remaining + 1e-12 or plan.delta > status.delta_remaining + 1e-18:
-            raise BudgetExceeded(
-                f"Budget exceeded for analyst {self._analyst!r}: this query needs "
-                f"epsilon={plan.epsilon:g}, delta={plan.delta:g} but only "
-                f"epsilon={status.epsilon_remaining:g}, delta={status.delta_remaining:g} remain "
-                f"(short by epsilon={max(0.0, plan.epsilon - status.epsilon_remaining):g}, "
-                f"delta={max(0.0, plan.delta - status.delta_remaining):g}). Nothing was charged. "
-                "Ask for a smaller epsilon or a larger budget.",
-                requested=(plan.epsilon, plan.delta),
-                remaining=(status.epsilon_remaining, status.delta_remaining),
-            )
 
     def budget(self) -> BudgetStatus:
         """What this analyst has spent and has left."""
@@ -362,6 +402,8 @@ class Connection:
                 self._answers.close()
             self._engine.close()
             self._ledger.close()
+            if self._owns_reports and self._reports is not None:
+                self._reports.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -378,12 +420,6 @@ class Connection:
 
 def _charge(plan: QueryPlan, sql: str) -> Charge:
     return Charge(plan.epsilon, plan.delta, sql, _described(plan))
-
-
-def _tables_read(plan: QueryPlan) -> tuple[str, ...]:
-    """Every table the bounded query reads (the repeat key covers all of their data)."""
-    sources: Sequence[object] = getattr(plan, "sources", ()) or ()
-    return tuple(sorted({plan.table, *(getattr(s, "table") for s in sources)}))
 
 
 def _result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
@@ -512,6 +548,9 @@ def connect(
     *,
     noise_source: RandomSource | None = None,
     repeats: bool = True,
+    data_version: str | None = None,
+    deadline: bool | TimingModel = False,
+    reports: str | os.PathLike[str] | ReportStore | None = None,
 ) -> Connection:
     """Open a differentially private connection.
 
@@ -530,20 +569,37 @@ def connect(
             free; answers are kept beside the ledger file (``<ledger>.answers``) or in
             memory. ``False``: every execute is charged and draws fresh noise (for
             statistical tests of the noise).
+        data_version: for a wrapped connection whose data changes: a name for the data's
+            current version (a load date, a snapshot id). Stored answers are served again
+            only under the same version; nothing reads the data to find out whether it
+            changed (see :mod:`dpsql.cache`). A file opened by path is versioned by its
+            identity and modification time.
+        deadline: hold each answer that reads data until a deadline computed from public
+            facts (:mod:`dpsql.timing`): ``True`` measures this machine's speed first
+            (about a second), or pass a :class:`~dpsql.timing.TimingModel`. Off by default:
+            in the embedded API the analyst shares the process; the server always does it.
+        reports: the report store (a SQLite path or a ``ReportStore``) holding the shuffled
+            reports of the policy's ``model = "local"`` tables; queries over them are
+            answered from it, free of central budget (:mod:`dpsql.local`).
 
     Raises:
         PolicyError: the policy is malformed or does not match the database.
     """
     loaded = policy if isinstance(policy, Policy) else load_policy(policy)
-    engine = DuckDBEngine(database)
+    engine = DuckDBEngine(database, data_version=data_version)
     try:
         check_against_schema(loaded, engine.schema())
+        timing = None
+        if deadline is not False:
+            model = deadline if isinstance(deadline, TimingModel) else calibrate()
+            timing = Timing(model, table_sizes(loaded, engine), engine.interrupt)
         book = ledger if isinstance(ledger, Ledger) else Ledger(ledger, accountant=loaded.accountant)
     except BaseException:
         engine.close()
         raise
     try:
-        return Connection(engine, loaded, analyst, book, noise_source=noise_source, repeats=repeats)
+        return Connection(engine, loaded, analyst, book, noise_source=noise_source, repeats=repeats, timing=timing,
+                          reports=reports)
     except BaseException:
         engine.close()
         if book is not ledger:

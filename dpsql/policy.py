@@ -43,11 +43,21 @@ __all__ = [
 
 _ACCESS_LEVELS = ("deny", "filter", "group", "aggregate")
 _ACCOUNTANTS = ("basic", "pld")
-_TOP_KEYS = ("budget", "privacy", "tables")
-_PRIVACY_KEYS = ("accountant", "default_epsilon", "max_delta_per_query", "max_epsilon_per_query")
+_TOP_KEYS = ("budget", "privacy", "server", "tables")
+_PRIVACY_KEYS = (
+    "accountant", "default_epsilon", "max_delta_per_query", "max_epsilon_per_query", "min_epsilon_per_query",
+)
+_SERVER_KEYS = ("deadline_ms", "deadline_slack", "queries_per_minute")
+#: The default floor on a query's epsilon (DESIGN §7): a budget of 5 then pays for at most
+#: 5,000 data-reading runs, each a chance to probe a side channel, not 2.5e12.
+DEFAULT_MIN_EPSILON = 1e-3
 _BUDGET_KEYS = ("analysts", "default")
 _BUDGET_VALUE_KEYS = ("delta", "epsilon")
-_TABLE_KEYS = ("columns", "max_groups_per_unit", "max_rows_per_unit", "privacy_unit", "public")
+_TABLE_KEYS = ("columns", "declared_rows", "epsilon", "max_groups_per_unit", "max_rows_per_unit", "model",
+               "privacy_unit", "public")
+_MODELS = ("central", "local")
+_LOCAL_TABLE_KEYS = ("columns", "epsilon", "model")
+_LOCAL_COLUMN_KEYS = ("bounds", "categories")
 _CAP_KEYS = ("max_groups_per_unit", "max_rows_per_unit")
 _COLUMN_KEYS = ("access", "bounds", "public_values")
 _NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common aliases
@@ -57,6 +67,23 @@ _NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common alia
 
 
 # ---------------------------------------------------------------- the records
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The ``[server]`` section: what the server fronts enforce besides the budget.
+
+    Attributes:
+        queries_per_minute: Data-reading queries one analyst may send per minute (a burst
+            of a tenth of it at once); explain and budget calls are not counted.
+        deadline_slack: How much slower than the machine's measured speed a query may run
+            before it is interrupted at its deadline (:mod:`dpsql.timing`).
+        deadline_ms: A fixed deadline for every query instead of the measured model.
+    """
+
+    queries_per_minute: int = 600
+    deadline_slack: float = 4.0
+    deadline_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -78,12 +105,15 @@ class ColumnPolicy:
         bounds: Clipping range ``(lower, upper)``, lower < upper. Numbers keep the type
             the policy gave them, so integer bounds stay ``int``.
         public_values: Known group keys; grouping by them needs no partition selection.
+        categories: In a local table (``model = "local"``), the domain of a categorical
+            column, reported through a frequency oracle (:mod:`dpsql.local`).
     """
 
     name: str
     access: str
     bounds: tuple[float, float] | None = None
     public_values: tuple[object, ...] | None = None
+    categories: tuple[object, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.access not in _ACCESS_LEVELS:
@@ -128,6 +158,11 @@ class TablePolicy:
         max_rows_per_unit: How many rows one unit may contribute per group (Linf); 1
             when ``privacy_unit`` is None.
         columns: The listed columns, keyed by casefolded name (read-only).
+        declared_rows: A public upper bound on the table's row count, for the server's
+            deadlines (:mod:`dpsql.timing`); ``None``: the server coarsens the real count.
+        model: ``"central"`` (dpsql holds the raw rows) or ``"local"`` (clients perturb
+            their own values before sending them; see :mod:`dpsql.local`).
+        epsilon: In a local table, the epsilon each client report spends.
     """
 
     name: str
@@ -136,6 +171,9 @@ class TablePolicy:
     max_groups_per_unit: int
     max_rows_per_unit: int
     columns: Mapping[str, ColumnPolicy] = field(hash=False)
+    declared_rows: int | None = None
+    model: str = "central"
+    epsilon: float | None = None
 
     def __post_init__(self) -> None:
         folded = {name.casefold(): column for name, column in self.columns.items()}
@@ -183,6 +221,9 @@ class Policy:
         default_budget: The lifetime budget of an analyst not listed in ``analysts``.
         analysts: Lifetime budgets by exact analyst name (read-only).
         tables: Table policies keyed by casefolded name (read-only).
+        min_epsilon_per_query: The least epsilon one query may spend (a floor on how many
+            data-reading runs a budget buys; DESIGN §7).
+        server: Limits of the server fronts: rate and deadlines.
     """
 
     source: str
@@ -193,6 +234,8 @@ class Policy:
     default_budget: Budget
     analysts: Mapping[str, Budget] = field(hash=False)
     tables: Mapping[str, TablePolicy] = field(hash=False)
+    min_epsilon_per_query: float = DEFAULT_MIN_EPSILON
+    server: ServerLimits = field(default_factory=lambda: ServerLimits())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "analysts", MappingProxyType(dict(self.analysts)))
@@ -267,7 +310,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     ... age = { bounds = [0, 100] }
     ... ''')
     >>> policy.table("VISITS").column("Age")
-    ColumnPolicy(name='age', access='aggregate', bounds=(0, 100), public_values=None)
+    ColumnPolicy(name='age', access='aggregate', bounds=(0, 100), public_values=None, categories=None)
     >>> policy.table("visits").column("ssn") is None
     True
     """
@@ -278,6 +321,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
         raise where.error(f"invalid TOML: {exc}; fix the syntax there") from exc
     _check_keys(where, raw, _TOP_KEYS)
     max_epsilon, max_delta, default_epsilon, accountant = _parse_privacy(where, raw.get("privacy"))
+    min_epsilon = _parse_min_epsilon(where, raw["privacy"], max_epsilon, default_epsilon)
     default_budget, analysts = _parse_budgets(where, raw.get("budget"))
     return Policy(
         source=source,
@@ -288,6 +332,8 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
         default_budget=default_budget,
         analysts=analysts,
         tables=_parse_tables(where, raw.get("tables")),
+        min_epsilon_per_query=min_epsilon,
+        server=_parse_server(where, raw.get("server")),
     )
 
 
@@ -317,6 +363,42 @@ def _parse_privacy(where: _Where, raw: object) -> tuple[float, float, float, str
         allowed = ", ".join(f'"{name}"' for name in _ACCOUNTANTS)
         raise where.error(f"unknown accountant {_show(accountant)}; use one of {allowed}")
     return max_epsilon, max_delta, default_epsilon, accountant
+
+
+def _parse_min_epsilon(where: _Where, raw: Mapping[str, Any], max_epsilon: float, default_epsilon: float) -> float:
+    """``min_epsilon_per_query``: positive, at most the default and the maximum."""
+    where = where.at("[privacy]")
+    if "min_epsilon_per_query" not in raw:
+        return min(DEFAULT_MIN_EPSILON, default_epsilon)
+    floor = _epsilon(where, raw, "min_epsilon_per_query")
+    if floor > default_epsilon:
+        raise where.error(
+            f"min_epsilon_per_query = {floor} is more than default_epsilon = {default_epsilon}; "
+            "lower min_epsilon_per_query or raise default_epsilon"
+        )
+    return min(floor, max_epsilon)
+
+
+def _parse_server(where: _Where, raw: object) -> ServerLimits:
+    """The optional [server] section."""
+    if raw is None:
+        return ServerLimits()
+    where = where.at("[server]")
+    body = _as_table(where, raw, "a [server] section")
+    _check_keys(where, body, _SERVER_KEYS)
+    limits = ServerLimits()
+    rate = _positive_int(where, body, "queries_per_minute") if "queries_per_minute" in body else limits.queries_per_minute
+    slack = limits.deadline_slack
+    if "deadline_slack" in body:
+        slack = _finite_number(where, "deadline_slack", body["deadline_slack"])
+        if slack < 1:
+            raise where.error(f"deadline_slack must be at least 1 (1 = no room over the measured speed), got {slack}")
+    fixed = None
+    if "deadline_ms" in body:
+        fixed = _finite_number(where, "deadline_ms", body["deadline_ms"])
+        if fixed <= 0:
+            raise where.error(f"deadline_ms must be a positive number of milliseconds, got {fixed}")
+    return ServerLimits(queries_per_minute=rate, deadline_slack=float(slack), deadline_ms=None if fixed is None else float(fixed))
 
 
 def _parse_budgets(where: _Where, raw: object) -> tuple[Budget, dict[str, Budget]]:
@@ -364,13 +446,60 @@ def _parse_table(where: _Where, name: str, raw: object) -> TablePolicy:
     _check_name(where, name, "table")
     body = _as_table(where, raw, f"a [tables.{name}] section")
     _check_keys(where, body, _TABLE_KEYS)
+    if body.get("model", "central") != "central":
+        return _local_table(where, name, body)
+    if "epsilon" in body:
+        raise where.error('epsilon is the per-report budget of a local table; add model = "local", '
+                          "or remove it (a central table's queries name their own epsilon)")
     public = body.get("public", False)
     if not isinstance(public, bool):
         raise where.error(f"public must be true or false, got {_show(public)}")
     columns = _parse_columns(where, body.get("columns", {}))
-    if public:
-        return _public_table(where, name, body, columns)
-    return _private_table(where, name, body, columns)
+    table = _public_table(where, name, body, columns) if public else _private_table(where, name, body, columns)
+    if "declared_rows" in body:
+        table = dataclasses.replace(table, declared_rows=_positive_int(where, body, "declared_rows"))
+    return table
+
+
+def _local_table(where: _Where, name: str, body: Mapping[str, Any]) -> TablePolicy:
+    """Build a ``model = "local"`` table: an epsilon per report, columns with bounds or categories."""
+    model = body["model"]
+    if model not in _MODELS:
+        raise where.error(f"unknown model {_show(model)}; use \"central\" (the default) or \"local\"")
+    for key in body:
+        if key not in _LOCAL_TABLE_KEYS:
+            raise where.error(
+                f"{key} does not apply to a local table (clients perturb their own values, so "
+                f"there is no privacy unit or cap to set); remove it. A local table takes "
+                f"{', '.join(_LOCAL_TABLE_KEYS)}"
+            )
+    epsilon = _epsilon(where, body, "epsilon")
+    raw = _as_table(where, body.get("columns", {}), "a [columns] section of NAME = { ... } entries")
+    if not raw:
+        raise where.error("a local table needs columns; list each as NAME = { bounds = [lo, hi] } "
+                          'or NAME = { categories = ["a", "b"] }')
+    columns: dict[str, ColumnPolicy] = {}
+    for column_name, value in raw.items():
+        column_where = dataclasses.replace(where, column=column_name)
+        _check_name(column_where, column_name, "column")
+        entry = _as_table(column_where, value, f"an inline table such as {column_name} = {{ bounds = [0, 100] }}")
+        _check_keys(column_where, entry, _LOCAL_COLUMN_KEYS)
+        if ("bounds" in entry) == ("categories" in entry):
+            raise column_where.error("a local column needs exactly one of bounds = [lower, upper] "
+                                     '(a number) or categories = ["a", "b", ...] (a category)')
+        if "bounds" in entry:
+            column = ColumnPolicy(column_name, "aggregate", bounds=_parse_bounds(column_where, entry["bounds"]))
+        else:
+            try:
+                categories = _parse_public_values(column_where, entry["categories"])
+            except PolicyError as exc:  # same rules as public_values; name the key it checked
+                raise PolicyError(str(exc).replace("public_values", "categories")) from None
+            if len(categories) < 2:
+                raise column_where.error("categories needs at least two values; a column with one "
+                                         "value tells nothing")
+            column = ColumnPolicy(column_name, "group", categories=categories)
+        _add_unique(where, columns, column, "columns")
+    return TablePolicy(name, False, None, 1, 1, columns, model="local", epsilon=epsilon)
 
 
 def _public_table(
@@ -688,6 +817,8 @@ def check_against_schema(policy: Policy, schema: Mapping[str, Mapping[str, str]]
     }
     problems: list[str] = []
     for table in policy.tables.values():
+        if table.model == "local":  # its reports live in a report store, not the database
+            continue
         problems.extend(_schema_problems(table, folded))
     if problems:
         listing = "\n  - ".join(problems)

@@ -12,6 +12,13 @@ with :class:`~dpsql.auth.TokenVerifier` (one scrypt per token, then an in-memory
 digest; re-read when the auth file changes, so a revoked token fails at its next request)
 and refuses a wrong one before any handler runs. ``health`` also answers without a token.
 
+Side channels (DESIGN §7). Every answer that reads private data is released at a deadline
+computed from public facts, and queries that read data take turns on the engine, each for
+exactly its deadline (:mod:`dpsql.timing`); a run that overruns is interrupted and answered
+with the fixed, charged :class:`~dpsql.errors.QueryFailed`. Each analyst may send at most
+``[server] queries_per_minute`` queries (:class:`RateLimiter`); a wrong token costs the same
+time whether or not its id exists (:mod:`dpsql.auth`).
+
 Logs (logger ``dpsql.server``) say who asked what and what was charged or why it was
 refused; they never contain a token, a raw value or a noisy value.
 
@@ -21,6 +28,7 @@ committed before their answers leave), closes the ledger and exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -43,9 +51,10 @@ from dpsql.auth import TokenVerifier
 from dpsql.client import ACTIONS, encode_result, error_payload, explanation_payload
 from dpsql.connection import Connection, Explanation
 from dpsql.engine import DuckDBEngine
-from dpsql.errors import AuthenticationError, Error, InternalError, QueryRejected
+from dpsql.errors import AuthenticationError, Error, InternalError, QueryRejected, RateLimited
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.result import Result
+from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
 
 __all__ = ["DpsqlFlightServer", "Service", "serve"]
 
@@ -68,11 +77,15 @@ class Service:
     :meth:`close` closes everything once.
     """
 
-    def __init__(self, engine: DuckDBEngine, policy: Policy, ledger: Ledger) -> None:
+    def __init__(self, engine: DuckDBEngine, policy: Policy, ledger: Ledger, *, timing: Timing | None = None) -> None:
         self._engine = engine
         self._policy = policy
         self._ledger = ledger
         self._shared = _shared_options(ledger)
+        if timing is not None:
+            self._shared["timing"] = timing
+        self.timing = timing
+        self._rate = RateLimiter(policy.server.queries_per_minute)
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -85,8 +98,9 @@ class Service:
         book: Ledger | None = None
         try:
             check_against_schema(loaded, engine.schema())
+            timing = server_timing(loaded, engine)
             book = Ledger(ledger, accountant=loaded.accountant)  # as dpsql.connect does
-            return cls(engine, loaded, book)
+            return cls(engine, loaded, book, timing=timing)
         except BaseException:
             if book is not None:
                 book.close()
@@ -113,6 +127,9 @@ class Service:
             return conn
 
     def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Result:
+        """Answer a query for ``analyst``: rate-limited, then the pipeline, whose answers
+        (when it reads data) are released at their deadline (:mod:`dpsql.timing`)."""
+        self._rate.take(analyst)
         return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta)
 
     def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
@@ -131,9 +148,61 @@ class Service:
         for conn in connections:
             conn.close()  # also closes the shared engine, ledger and answers: all idempotent
         for shared in self._shared.values():
-            shared.close()
+            if hasattr(shared, "close"):
+                shared.close()
         self._engine.close()
         self._ledger.close()
+
+
+def server_timing(policy: Policy, engine: DuckDBEngine) -> Timing:
+    """The deadlines of a server (always on): this machine's speed measured on synthetic
+    data, the policy's slack or fixed deadline, the tables' public or coarsened sizes."""
+    limits = policy.server
+    if limits.deadline_ms is not None:
+        model = TimingModel(0.0, 0.0, fixed=limits.deadline_ms / 1e3)
+    else:
+        model = dataclasses.replace(calibrate(), slack=limits.deadline_slack)
+    log.info("deadlines: %s", model)
+    return Timing(model, table_sizes(policy, engine), engine.interrupt)
+
+
+class RateLimiter:
+    """Per-analyst token buckets: ``per_minute`` queries a minute, bursts of a tenth of it.
+
+    A refusal is :class:`~dpsql.errors.RateLimited`, decided before anything is read or
+    charged. It bounds how fast an analyst can probe anything that costs little.
+
+    >>> limiter = RateLimiter(60, clock=lambda: 0.0)
+    >>> for _ in range(6):
+    ...     limiter.take("alice")
+    >>> limiter.take("alice")
+    Traceback (most recent call last):
+    ...
+    dpsql.errors.RateLimited: analyst 'alice' sent more than 60 queries a minute (the server's rate limit, [server] queries_per_minute in the policy); wait 1.0 s and try again. Nothing was charged.
+    """
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._capacity = max(1.0, per_minute / 10)
+        self._rate = per_minute / 60.0
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, analyst: str) -> None:
+        with self._lock:
+            now = self._clock()
+            tokens, then = self._buckets.get(analyst, (self._capacity, now))
+            tokens = min(self._capacity, tokens + (now - then) * self._rate)
+            if tokens < 1:
+                self._buckets[analyst] = (tokens, now)
+                wait = (1 - tokens) / self._rate
+                raise RateLimited(
+                    f"analyst {analyst!r} sent more than {self.per_minute} queries a minute (the server's rate "
+                    f"limit, [server] queries_per_minute in the policy); wait {wait:.1f} s and try again. "
+                    "Nothing was charged."
+                )
+            self._buckets[analyst] = (tokens - 1, now)
 
 
 def _shared_options(ledger: Ledger) -> dict[str, Any]:

@@ -27,7 +27,7 @@ def test_public_names_are_pinned() -> None:
     assert dpsql.__all__ == sorted(dpsql.__all__)
     assert set(dpsql.__all__) == {
         "AuthenticationError", "BudgetExceeded", "BudgetStatus", "Client", "Connection", "Error",
-        "InternalError", "Ledger", "Policy", "PolicyError", "PolicyViolation", "QueryRejected",
+        "InternalError", "Ledger", "Policy", "PolicyError", "PolicyViolation", "QueryFailed", "QueryRejected", "RateLimited",
         "Result", "__version__", "connect", "load_policy",
     }
     for name in ("PolicyError", "QueryRejected", "PolicyViolation", "BudgetExceeded", "AuthenticationError"):

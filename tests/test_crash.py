@@ -36,9 +36,9 @@ EPSILON = 0.5
 
 #: kill point -> charges committed when the process dies there
 KILL_POINTS = {
-    "engine": 0,  # during the engine query: nothing noisy exists yet
     "mid_charge": 0,  # inside the ledger's transaction, after the insert, before COMMIT
-    "charge": 1,  # right after the charge committed
+    "charge": 1,  # right after the charge committed, before any data is read
+    "engine": 1,  # during the engine query: charged first (DESIGN §7), nothing noisy yet
     "release": 1,  # the answer built (post-processing done), not yet stored or returned
     "store": 1,  # the answer written to the answers file, its transaction not committed
 }

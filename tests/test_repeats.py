@@ -120,32 +120,40 @@ def test_answers_are_never_shared_between_analysts(db_file: Path, tmp_path: Path
     assert theirs.fetchall() != mine.fetchall()
 
 
-def test_changed_data_is_answered_afresh_and_charged(memory: duckdb.DuckDBPyConnection) -> None:
-    with dpsql.connect(memory, policy=policy(), analyst="alice") as conn:
-        answers = [conn.execute(SQL)]
+def test_a_new_data_version_is_answered_afresh_and_charged(memory: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    """Whether a repeat is served never depends on reading the data: a wrapped connection's
+    answers are keyed on the version its owner names (``data_version``)."""
+    def ask(version: str | None) -> dpsql.Result:
+        with dpsql.connect(memory, policy=policy(), analyst="alice", ledger=ledger, data_version=version) as conn:
+            return conn.execute(SQL)
 
-        def ask(expect_cached: bool) -> None:
-            res = conn.execute(SQL)
-            assert res.cached is expect_cached
-            if expect_cached:
-                assert res.fetchall() == answers[-1].fetchall()
-            else:
-                assert res.fetchall() != answers[-1].fetchall()
-            answers.append(res)
+    ledger = tmp_path / "budget.sqlite"
+    first = ask("v1")
+    memory.execute("INSERT INTO t VALUES (1000, 'a', 3.0)")  # the owner loads new rows ...
+    stale = ask("v1")  # ... but has not said so: the earlier release is served (post-processing)
+    assert stale.cached is True and stale.fetchall() == first.fetchall()
+    fresh = ask("v2")  # ... and now has
+    assert fresh.cached is False and fresh.fetchall() != first.fetchall()
+    assert ask("v2").cached is True and ask("v1").cached is True
+    assert ask(None).cached is False  # no version named is a version of its own
+    with dpsql.Ledger(ledger) as book:
+        assert book.status("alice", policy().budget_for("alice")).queries == 3
 
-        memory.execute("INSERT INTO t VALUES (1000, 'a', 3.0)")  # a new row
-        ask(expect_cached=False)
-        memory.execute("UPDATE t SET x = 4.0 WHERE uid = 7")  # same row count, one value
-        ask(expect_cached=False)
-        ask(expect_cached=True)
-        memory.execute("UPDATE u SET y = 0.5")  # a table the query does not read
-        ask(expect_cached=True)
-        memory.execute("DELETE FROM t WHERE uid = 1000")
-        ask(expect_cached=False)
-        memory.execute("INSERT INTO t VALUES (1000, 'a', 3.0)")  # back to data already answered
-        res = conn.execute(SQL)
-        assert res.cached is True and res.fetchall() == answers[2].fetchall()
-        assert conn.budget().queries == 4
+
+@pytest.mark.attack
+def test_a_repeat_reads_nothing(db_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scans: list[str] = []
+    run = DuckDBEngine.run
+
+    def counting(self: DuckDBEngine, query: exp.Expression | str, params: Any = None) -> Any:
+        scans.append(query if isinstance(query, str) else query.sql(dialect="duckdb"))
+        return run(self, query, params)
+
+    monkeypatch.setattr(DuckDBEngine, "run", counting)
+    with dpsql.connect(db_file, policy=policy(), analyst="alice") as conn:
+        for sql in (SQL, "SELECT COUNT(*) FROM t", "SELECT SUM(x) FROM t", SQL, SQL):
+            conn.execute(sql)
+    assert len(scans) == 3  # three queries; the repeats read nothing
 
 
 def test_a_file_changed_between_connections_is_answered_afresh(db_file: Path, tmp_path: Path) -> None:
@@ -227,46 +235,6 @@ def test_repeats_can_be_switched_off(memory: duckdb.DuckDBPyConnection) -> None:
 )
 def test_normalised_sql(a: str, b: str, same: bool) -> None:
     assert (normalise_sql(a) == normalise_sql(b)) is same
-
-
-def test_fingerprints_see_what_xor_would_miss() -> None:
-    con = duckdb.connect()
-    con.execute("CREATE TABLE t (uid INTEGER, x DOUBLE)")
-    con.execute("INSERT INTO t VALUES (1, 1.0), (1, 1.0), (2, 2.0)")
-    engine = DuckDBEngine(con)
-    before = engine.fingerprint(["t"])
-    con.execute("DELETE FROM t WHERE uid = 1")
-    con.execute("INSERT INTO t VALUES (3, 3.0), (3, 3.0)")  # duplicates would cancel in an XOR
-    assert engine.fingerprint(["t"]) != before
-    con.execute("DELETE FROM t WHERE uid = 3")
-    con.execute("INSERT INTO t VALUES (1, 1.0), (1, 1.0)")
-    assert engine.fingerprint(["T"]) == before  # content, not history or row order
-
-
-def test_the_query_and_its_fingerprint_read_one_snapshot(memory: duckdb.DuckDBPyConnection) -> None:
-    engine = DuckDBEngine(memory)
-    fingerprint = engine.fingerprint(["t"])
-    for where in ("x >= 0", "x > 100"):  # rows, and no rows at all
-        query = exp.select("g", "COUNT(*) AS n").from_("t").where(where).group_by("g")
-        rows, read = engine.run_fingerprinted(query, ["t"])
-        assert read == fingerprint
-        assert rows.sort_by("g").to_pylist() == engine.run(query).sort_by("g").to_pylist()
-
-
-def test_a_file_is_fingerprinted_once_per_connection(db_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scans: list[str] = []
-    run = DuckDBEngine.run
-
-    def counting(self: DuckDBEngine, query: exp.Expression | str, params: Any = None) -> Any:
-        scans.append(query if isinstance(query, str) else query.sql(dialect="duckdb"))
-        return run(self, query, params)
-
-    monkeypatch.setattr(DuckDBEngine, "run", counting)
-    with dpsql.connect(db_file, policy=policy(), analyst="alice") as conn:
-        for sql in (SQL, "SELECT COUNT(*) FROM t", "SELECT SUM(x) FROM t", SQL):
-            conn.execute(sql)
-    assert sum("__fp" in s for s in scans) == 1
-    assert len(scans) == 4  # one fingerprint, three queries, and the repeat read nothing
 
 
 def ask_in_process(db: str, ledger: str, barrier: Any, results: Any) -> None:

@@ -246,12 +246,23 @@ def choose_strategy(target: UDF | QuantileSpec, n: float, epsilon: float, delta:
     return StrategyChoice("smooth", f"{label}: smooth sensitivity ({model}).")
 
 
-def _requested(target: UDF | QuantileSpec, delta: float) -> StrategyChoice:
+def check_strategy(target: UDF | QuantileSpec, delta: float) -> None:
+    """Refuse, at planning time, a strategy the query's delta cannot pay for.
+
+    Raises:
+        QueryRejected: the function is registered to use PTR or smooth sensitivity and the
+            query has no delta.
+    """
     strategy = target.strategy
     if strategy in ("ptr", "smooth") and delta <= 0:
         mechanism = "PTR" if strategy == "ptr" else "smooth sensitivity"
         raise QueryRejected(f"{target.name} is registered to use {mechanism}, which needs "
                             "delta > 0; pass a delta (e.g. delta=1e-7).")
+
+
+def _requested(target: UDF | QuantileSpec, delta: float) -> StrategyChoice:
+    strategy = target.strategy
+    check_strategy(target, delta)
     names = {"ptr": "propose-test-release", "smooth": "smooth sensitivity",
              "sample_and_aggregate": "sample-and-aggregate"}
     return StrategyChoice(strategy, f"{target.name}: {names[strategy]}, as requested at "  # type: ignore[arg-type]

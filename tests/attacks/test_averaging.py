@@ -109,14 +109,10 @@ def test_without_repeats_every_execute_is_charged(db: Path) -> None:
         assert conn.budget().queries == 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SIDE CHANNEL (design, dynamic data): the free-repeat key includes a fingerprint of the "
-    "data, so a repeat is served from the cache (identical answer, cached=True, free) exactly "
-    "when no row changed, and answered afresh when one unit was added: a deterministic, "
-    "uncharged 'did anyone join?' oracle between two snapshots. Static-database DP is not "
-    "affected. Fix options: key repeats without the data fingerprint (serve the earlier "
-    "release, which is post-processing), or charge a repeat whenever the data is read again."))
 def test_whether_a_repeat_is_served_does_not_reveal_a_data_change() -> None:
+    """Fixed: repeats are keyed on a data version named without reading the data, so a
+    unit joining between two asks changes nothing the analyst sees (the earlier release is
+    served again: post-processing)."""
     outcomes = {}
     for added in (False, True):
         con = duckdb.connect()
