@@ -270,6 +270,8 @@ def _plan_group_keys(ctx: _Context, select: exp.Select) -> None:
     for item in group.expressions:
         node = item
         if isinstance(item, exp.Literal) and not item.is_string:
+            if not item.this.isdigit():
+                raise reject(f"GROUP BY {item.this} is not a column position; write 1, 2, ... or a column.", ctx.sql, item)
             index = int(item.this) - 1
             if not 0 <= index < len(projections):
                 raise reject(f"GROUP BY {item.this} is out of range.", ctx.sql, item)
@@ -327,6 +329,9 @@ def _add_column_key(ctx: _Context, column: exp.Column) -> None:
     policy_listed = resolved.policy.is_public_key
     filters = ((resolved.ref.copy(), values),) if values is not None and policy_listed else ()
     family = predicates.family(resolved.dtype)
+    if family == "other":
+        raise reject(f"column {column.name!r} of type {resolved.dtype} cannot be a GROUP BY key; group by "
+                     "numbers, strings, booleans, dates or timestamps.", ctx.sql, column)
     ctx.keys[identity] = GroupKey(f"__g{len(ctx.keys)}", resolved.policy.name, resolved.ref.copy(), values, filters, family)
 
 
@@ -411,7 +416,7 @@ def _count_clause(ctx: _Context, clause: exp.Expression, key: str) -> exp.Expres
 def _output_order(ctx: _Context, ordered: exp.Ordered, names: list[str]) -> exp.Ordered:
     item = ordered.this
     if isinstance(item, exp.Literal) and not item.is_string:
-        if not 1 <= int(item.this) <= len(names):
+        if not item.this.isdigit() or not 1 <= int(item.this) <= len(names):
             raise reject(f"ORDER BY {item.this} is out of range.", ctx.sql, item)
         target: exp.Expression = exp.column(names[int(item.this) - 1], quoted=True)
     else:

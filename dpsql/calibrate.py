@@ -94,6 +94,12 @@ def fixed_point(spec: MeasurementSpec) -> tuple[int, int]:
         return 0, 1
     lo, hi = clip_range(spec.kind, spec.bounds)
     max_abs = max(abs(lo), abs(hi))
+    if spec.kind == "sum_squares" and not math.isfinite(max_abs) and spec.bounds is not None:
+        raise QueryRejected(
+            f"the bounds [{spec.bounds[0]}, {spec.bounds[1]}] of column {spec.column!r} are too wide "
+            "for a variance or standard deviation: ((upper - lower) / 2)**2 overflows a double. "
+            "Use AVG or SUM, or ask the data owner for narrower bounds."
+        )
     if not math.isfinite(max_abs) or max_abs <= 0:
         raise InternalError(f"bad clipping range {lo}, {hi} for {spec.name}")
     frac_bits = ROW_BITS - math.frexp(max_abs)[1]

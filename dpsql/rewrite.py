@@ -34,7 +34,8 @@ import sqlglot.expressions as exp
 from dpsql.calibrate import clip_range, midpoint, square_offset
 from dpsql.engine import Engine
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
-from dpsql.predicates import family
+from dpsql.predicates import member
+from dpsql.sqltypes import parse_type
 
 __all__ = ["bounded_query", "new_salt", "salt_parameters", "value_query"]
 
@@ -105,9 +106,12 @@ def _rows(
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
+        tables = {source.alias: source.table for source in plan.sources}
+        schema = engine.schema()
         for key in plan.group_keys:
             for column, values in key.filters:
-                conditions.append(exp.In(this=column.copy(), expressions=[exp.convert(v) for v in values]))
+                dtype = schema[tables[column.table].casefold()][column.name.casefold()]
+                conditions.append(member(column, dtype, values))
     if conditions:
         query = query.where(exp.and_(*conditions), copy=False)
     return query
@@ -192,9 +196,8 @@ def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | Non
     column = _col(m.column, m.source)
     dtype = types[m.column.casefold()]
     present: exp.Expression = exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null()))
-    numeric = family(dtype) == "number"
-    as_double = exp.cast(column.copy(), exp.DataType.build("DOUBLE"))
-    if numeric and dtype.upper() in ("FLOAT", "DOUBLE", "REAL"):
+    as_double = exp.cast(column.copy(), exp.DataType.build("DOUBLE"))  # never fails on a number
+    if parse_type(dtype).name in ("FLOAT", "DOUBLE"):
         present = exp.and_(present, exp.Not(this=_func("isnan", as_double.copy())))
     if m.kind == "count_values":
         then: exp.Expression = _int(1)

@@ -28,7 +28,7 @@ import sqlglot.expressions as exp
 from dpsql.errors import PolicyViolation
 from dpsql.plan import SOURCE_ALIAS, Source
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
-from dpsql.predicates import family
+from dpsql.predicates import join_equality
 from dpsql.sqlcheck import point_at, reject
 
 __all__ = ["Resolved", "Scope", "build_scope", "resolve"]
@@ -291,29 +291,26 @@ def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expressio
     on = join.args.get("on")
     if on is None:
         raise reject("a JOIN needs an ON condition (cross joins are not supported).", sql, join)
-    pairs = _equalities(scope, on)
+    pairs, equalities = _equalities(scope, on)
     if not entry.table.public:
         _check_unit_join(scope, entry, pairs, join)
-    return exp.and_(*[exp.EQ(this=a.ref, expression=b.ref) for a, b in pairs])
+    return exp.and_(*equalities)
 
 
-def _equalities(scope: Scope, on: exp.Expression) -> list[tuple[Resolved, Resolved]]:
+def _equalities(scope: Scope, on: exp.Expression) -> tuple[list[tuple[Resolved, Resolved]], list[exp.Expression]]:
+    """The column pairs of ``on`` and their equalities, each in the keys' exact common type
+    (:func:`dpsql.predicates.join_equality`: a join on keys of different types must not
+    fail, nor match, on some values only)."""
     conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
-    pairs = []
+    pairs, equalities = [], []
     for c in conjuncts:
         c = c.unnest()
         if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
             raise reject("JOIN ... ON takes equalities of columns joined by AND.", scope.sql, c)
         a, b = resolve(scope, c.this), resolve(scope, c.expression)
-        if family(a.dtype) != family(b.dtype):
-            raise reject(
-                f"cannot join a {a.dtype} column with a {b.dtype} column: the implicit cast could "
-                "fail on some rows.",
-                scope.sql,
-                c,
-            )
+        equalities.append(join_equality(scope.sql, a, b, c))
         pairs.append((a, b))
-    return pairs
+    return pairs, equalities
 
 
 def _check_unit_join(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Resolved]], join: exp.Join) -> None:
