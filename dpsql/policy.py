@@ -47,7 +47,7 @@ _TOP_KEYS = ("budget", "privacy", "server", "tables")
 _PRIVACY_KEYS = (
     "accountant", "default_epsilon", "max_delta_per_query", "max_epsilon_per_query", "min_epsilon_per_query",
 )
-_SERVER_KEYS = ("deadline_ms", "deadline_slack", "queries_per_minute")
+_SERVER_KEYS = ("deadline_base_ms", "deadline_ms", "deadline_ms_per_million_rows", "deadline_slack", "queries_per_minute")
 #: The default floor on a query's epsilon (DESIGN §7): a budget of 5 then pays for at most
 #: 5,000 data-reading runs, each a chance to probe a side channel, not 2.5e12.
 DEFAULT_MIN_EPSILON = 1e-3
@@ -79,11 +79,16 @@ class ServerLimits:
         deadline_slack: How much slower than the machine's measured speed a query may run
             before it is interrupted at its deadline (:mod:`dpsql.timing`).
         deadline_ms: A fixed deadline for every query instead of the measured model.
+        deadline_base_ms, deadline_ms_per_million_rows: the speed model itself (both or
+            neither), instead of measuring it when the server starts: deadlines then do not
+            change from one start to the next.
     """
 
     queries_per_minute: int = 600
-    deadline_slack: float = 4.0
+    deadline_slack: float = 3.0
     deadline_ms: float | None = None
+    deadline_base_ms: float | None = None
+    deadline_ms_per_million_rows: float | None = None
 
 
 @dataclass(frozen=True)
@@ -393,12 +398,18 @@ def _parse_server(where: _Where, raw: object) -> ServerLimits:
         slack = _finite_number(where, "deadline_slack", body["deadline_slack"])
         if slack < 1:
             raise where.error(f"deadline_slack must be at least 1 (1 = no room over the measured speed), got {slack}")
-    fixed = None
-    if "deadline_ms" in body:
-        fixed = _finite_number(where, "deadline_ms", body["deadline_ms"])
-        if fixed <= 0:
-            raise where.error(f"deadline_ms must be a positive number of milliseconds, got {fixed}")
-    return ServerLimits(queries_per_minute=rate, deadline_slack=float(slack), deadline_ms=None if fixed is None else float(fixed))
+    times: dict[str, float | None] = {}
+    for key in ("deadline_ms", "deadline_base_ms", "deadline_ms_per_million_rows"):
+        value = None
+        if key in body:
+            value = float(_finite_number(where, key, body[key]))
+            if value <= 0:
+                raise where.error(f"{key} must be a positive number of milliseconds, got {value}")
+        times[key] = value
+    if (times["deadline_base_ms"] is None) != (times["deadline_ms_per_million_rows"] is None):
+        raise where.error("give both deadline_base_ms and deadline_ms_per_million_rows (the speed model), or neither "
+                          "(the server then measures this machine when it starts)")
+    return ServerLimits(queries_per_minute=rate, deadline_slack=float(slack), **times)
 
 
 def _parse_budgets(where: _Where, raw: object) -> tuple[Budget, dict[str, Budget]]:

@@ -160,6 +160,9 @@ def server_timing(policy: Policy, engine: DuckDBEngine) -> Timing:
     limits = policy.server
     if limits.deadline_ms is not None:
         model = TimingModel(0.0, 0.0, fixed=limits.deadline_ms / 1e3)
+    elif limits.deadline_base_ms is not None and limits.deadline_ms_per_million_rows is not None:
+        model = TimingModel(limits.deadline_base_ms / 1e3, limits.deadline_ms_per_million_rows / 1e9,
+                            slack=limits.deadline_slack)
     else:
         model = dataclasses.replace(calibrate(), slack=limits.deadline_slack)
     log.info("deadlines: %s", model)

@@ -300,3 +300,41 @@ def test_the_rate_limit_is_set_in_the_policy() -> None:
     assert (limited.server.queries_per_minute, limited.server.deadline_slack) == (30, 2.5)
     with pytest.raises(dpsql.PolicyError, match="deadline_slack must be at least 1"):
         policy(TABLES + "\n[server]\ndeadline_slack = 0.5\n")
+
+
+def test_the_server_releases_new_answers_at_the_deadline_and_repeats_at_once(
+    neighbours: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from dpsql.server import server_timing
+
+    pinned = policy(TABLES + "\n[server]\ndeadline_ms = 300\n")
+    engine = DuckDBEngine(neighbours[1])
+    timing = server_timing(pinned, engine)
+    assert timing.model.fixed == 0.3
+    service = Service(engine, pinned, dpsql.Ledger(tmp_path / "l.sqlite"), timing=timing)
+    try:
+        for expected_slow in (True, False):  # new, then a free repeat (reads nothing)
+            started = time.monotonic()
+            service.execute("alice", "SELECT COUNT(*) FROM t WHERE zip = '99999'", 0.5, None)
+            elapsed = time.monotonic() - started
+            assert (elapsed >= 0.3) is expected_slow, elapsed
+        started = time.monotonic()
+        with pytest.raises(dpsql.QueryRejected):  # refused before any data: at once
+            service.execute("alice", "SELECT note FROM t", 0.5, None)
+        assert time.monotonic() - started < 0.3
+    finally:
+        service.close()
+
+
+def test_the_speed_model_can_be_pinned_in_the_policy() -> None:
+    from dpsql.server import server_timing
+
+    pinned = policy(TABLES + "\n[server]\ndeadline_base_ms = 20\ndeadline_ms_per_million_rows = 500\n")
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT range AS u, 1.0 AS x, 'z' AS zip, 'n' AS note FROM range(100)")
+    timing = server_timing(pinned, DuckDBEngine(con))
+    assert (timing.model.base, timing.model.per_row, timing.model.slack) == (0.02, 5e-7, 3.0)
+    with pytest.raises(dpsql.PolicyError, match="give both deadline_base_ms and deadline_ms_per_million_rows"):
+        policy(TABLES + "\n[server]\ndeadline_base_ms = 20\n")
+    with pytest.raises(dpsql.PolicyError, match="deadline_ms must be a positive"):
+        policy(TABLES + "\n[server]\ndeadline_ms = -1\n")
