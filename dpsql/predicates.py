@@ -161,7 +161,7 @@ class _Checker:
             return sqltypes.common_temporal(typed)
         shown = list(dict.fromkeys("string" if o.type.family == "literal" else o.type.family for o in typed))
         raise reject(
-            f"cannot compare a {shown[0]} with a {shown[-1]}: the implicit cast could fail on some rows. "
+            f"cannot compare {_a(shown[0])} with {_a(shown[-1])}: the implicit cast could fail on some rows. "
             "Compare numbers with numbers, strings with quoted strings, and dates with ISO date "
             "strings such as '2024-01-31'.",
             self.sql,
@@ -369,13 +369,18 @@ def join_equality(sql: str, left: _Resolved, right: _Resolved, node: exp.Express
         target = a.type
     if target is None:
         raise reject(
-            f"cannot join a {left.dtype} column with a {right.dtype} column: no type holds both "
+            f"cannot join {_a(left.dtype)} column with {_a(right.dtype)} column: no type holds both "
             "exactly, so the match could fail or pair the wrong rows on some values. Join on "
             "columns of the same type (or integer / decimal types that fit in one).",
             sql,
             node,
         )
     return exp.EQ(this=sqltypes.cast(a, target), expression=sqltypes.cast(b, target))
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article."""
+    return f"{'an' if noun[:1].upper() in 'AEIOU' else 'a'} {noun}"
 
 
 def member(column: exp.Expression, dtype: str, values: tuple[object, ...]) -> exp.Expression:
