@@ -54,7 +54,7 @@ from dpsql.engine import DuckDBEngine
 from dpsql.errors import AuthenticationError, Error, InternalError, QueryRejected, RateLimited
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.result import Result
-from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
+from dpsql.timing import Timing, TimingModel, calibrate, table_sizes, warm_up
 
 __all__ = ["DpsqlFlightServer", "Service", "serve"]
 
@@ -160,10 +160,12 @@ def server_timing(policy: Policy, engine: DuckDBEngine) -> Timing:
     limits = policy.server
     if limits.deadline_ms is not None:
         model = TimingModel(0.0, 0.0, fixed=limits.deadline_ms / 1e3)
+        warm_up()
     elif limits.deadline_base_ms is not None and limits.deadline_ms_per_million_rows is not None:
         model = TimingModel(limits.deadline_base_ms / 1e3, limits.deadline_ms_per_million_rows / 1e9,
                             slack=limits.deadline_slack)
-    else:
+        warm_up()
+    else:  # measuring runs the pipeline, which warms it up too
         model = dataclasses.replace(calibrate(), slack=limits.deadline_slack)
     log.info("deadlines: %s", model)
     return Timing(model, table_sizes(policy, engine), engine.interrupt)
