@@ -1,8 +1,8 @@
 """Timing side channels, measured from outside: can an analyst tell D from D' by the clock?
 
 ``D`` holds ordinary units; ``D'`` is ``D`` plus one target unit whose values were chosen
-to make queries slower (a 100,000-character ``note`` for a guarded LIKE, a city of its own
-near the partition-selection threshold). For each attack shape the script sends ``--runs``
+to make queries slower (a 100,000-character ``note`` for a guarded LIKE; a city that it
+brings to the partition-selection threshold, so that one more group is often released). For each attack shape the script sends ``--runs``
 fresh (charged, non-repeat) queries to a ``dpsql serve`` of D and of D', interleaved one
 by one, through each front (Arrow Flight with ``dpsql.Client``, Postgres with psycopg 3),
 times each request at the client, and reports:
@@ -84,14 +84,24 @@ SHAPES = [
 
 
 def make_databases(home: Path) -> tuple[Path, Path]:
+    """D and D'. D has a city 'Edge' with one unit fewer than the partition-selection
+    threshold; the target lives there, so in D' that group sits exactly at the threshold
+    (released about half the time instead of rarely)."""
     paths = []
+    threshold = None
     for name, extra in (("d", False), ("d2", True)):
         path = home / f"{name}.duckdb"
         con = duckdb.connect(str(path))
         con.execute(f"CREATE TABLE t AS SELECT range AS u, (range % 100)::DOUBLE AS x, 'z' || range AS zip, "
                     f"'n' AS note, 'c' || (range % 50) AS city FROM range({UNITS})")
-        if extra:  # the target: a long note, a city of its own (one unit: near the threshold)
-            con.execute("INSERT INTO t VALUES (99999999, 42.0, '99999', repeat('a', 100000), 'Nowhere')")
+        if threshold is None:
+            with dpsql.connect(con, policy=dpsql.policy.parse_policy(POLICY)) as probe:
+                selection = probe.plan(SHAPES[1][1], epsilon=0.5, delta=SHAPES[1][2]).selection
+                assert selection is not None
+                threshold = selection.threshold
+        con.execute(f"INSERT INTO t SELECT {UNITS} + range, 1.0, 'e' || range, 'n', 'Edge' FROM range({threshold - 1})")
+        if extra:  # the target: a long note, and the unit that brings 'Edge' to the threshold
+            con.execute("INSERT INTO t VALUES (99999999, 42.0, '99999', repeat('a', 100000), 'Edge')")
         con.close()
         paths.append(path)
     return paths[0], paths[1]
