@@ -24,10 +24,9 @@ import decimal
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-import sqlglot
-import sqlglot.errors
 from sqlglot import exp
 
+from dpsql.diagnose import parse_statements
 from dpsql.errors import Error, QueryRejected
 
 __all__ = ["BadParameter", "bind_tree", "bind_values", "placeholders", "python_literal"]
@@ -115,7 +114,7 @@ def bind_values(sql: str, params: Sequence[object] | Mapping[str, object] | None
     Raises:
         BadParameter: a mapping (named parameters), a string or bytes given as the
             sequence, a count that does not match, or a value that is not bindable.
-        QueryRejected: the SQL does not parse.
+        QueryRejected: the SQL does not parse (the message points at where).
     """
     if params is None:
         return sql
@@ -134,11 +133,10 @@ def bind_values(sql: str, params: Sequence[object] | Mapping[str, object] | None
         return sql
     if not isinstance(sql, str):
         raise QueryRejected(f"the query must be a string of SQL, got {type(sql).__name__}.")
-    try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
-    except sqlglot.errors.SqlglotError:
-        # the analyzer parses the text again and gives the full, pointed message
-        raise QueryRejected("the query is not valid SQL; run it without parameters to see where.") from None
+    statements = parse_statements(sql)  # a syntax error is refused here, pointing at the SQL
+    if len(statements) != 1:
+        return sql  # the analyzer refuses several statements with its own message
+    tree = statements[0]
     if not values and not placeholders(tree):
         return sql
     bound = bind_tree(tree, len(values), lambda n: python_literal(values[n - 1], n))

@@ -1,0 +1,81 @@
+"""Messages name what the user wrote (issue 20): syntax errors in words with the caret
+under the token at fault and no colour codes or class names, size and nesting limits
+instead of RecursionError, and "did you mean" over allowed names only."""
+
+from __future__ import annotations
+
+import pytest
+
+import dpsql
+from dpsql.diagnose import (
+    MAX_PAREN_DEPTH,
+    MAX_TREE_DEPTH,
+    did_you_mean,
+    edit_distance,
+    parse_statements,
+    syntax_message,
+)
+
+SYNTAX = [
+    # (SQL, words the message must contain, the text the caret sits under)
+    ("SELEC COUNT(*) FROM visits", "must start with SELECT, not 'SELEC'. Did you mean 'SELECT'?", "SELEC"),
+    ("SELECT COUNT(*) FROM visits WHERE age > 3O", "unexpected 'O'", "O"),
+    ("SELECT COUNT(*) FROM visits WHERE age >> 3 +", "+ needs a value after it", "+"),
+    ("SELECT COUNT(*) FROM visits WHERE (age > 3", "'(' is never closed", "("),
+    ("SELECT COUNT(* FROM visits", "'(' is never closed", "("),
+    ("SELECT COUNT(*) FROM visits WHERE age > 3)", "')' closes no '('", ")"),
+    ("SELECT COUNT(*) FROM visits WHERE city = 'abc", "string starting here is never closed", "'"),
+    ('SELECT COUNT(*) FROM "visits', "quoted name starting here is never closed", '"'),
+    ("SELECT COUNT(*) FROM visits /* note", "comment is never closed", "/*"),
+    ("SELECT COUNT(*) FROM visits WHERE", "WHERE needs a condition", "WHERE"),
+    ("SELECT COUNT(*) FROM visits WHERE age BETWEEN 3", "BETWEEN needs both ends", "3"),
+    ("SELECT COUNT(*) FROM visits WHERE income > 10 AND AND age > 3", "AND needs a condition", "AND"),
+    ("SELECT COUNT(*) FROM visits LIMIT", "LIMIT needs a value", "LIMIT"),
+    ("SELECT region COUNT(*) FROM visits GROUP BY region", "a comma is missing before 'COUNT'", "COUNT"),
+    ("SELECT COUNT(*)\nFROM visits\nWHERE age => 3", "unexpected '=>'", "=>"),
+]
+
+
+def _caret_text(message: str) -> str:
+    """The text above the carets of a message's last two lines."""
+    line, carets = message.splitlines()[-2:]
+    start = carets.index("^")
+    return line[start: start + carets.count("^")]
+
+
+@pytest.mark.parametrize(("sql", "words", "under"), SYNTAX)
+def test_syntax_errors_in_words_with_the_caret_on_the_token(sql: str, words: str, under: str) -> None:
+    message = syntax_message(sql)
+    assert message.startswith("the query is not valid SQL: ")
+    assert words in message
+    assert _caret_text(message) == under
+    assert "\x1b" not in message and "<class" not in message and "sqlglot" not in message
+
+
+def test_limits_refuse_instead_of_recursion_error() -> None:
+    nested = "SELECT COUNT(*) FROM visits WHERE " + "(" * 50 + "age > 3" + ")" * 50
+    with pytest.raises(dpsql.QueryRejected, match=f"parentheses 50 deep; at most {MAX_PAREN_DEPTH}"):
+        parse_statements(nested)
+    long_or = "SELECT COUNT(*) FROM visits WHERE " + " OR ".join(f"age = {i}" for i in range(1000))
+    with pytest.raises(dpsql.QueryRejected, match=r"chain of 1000 terms joined by OR.*IN \(\.\.\.\)"):
+        parse_statements(long_or)
+    nots = "SELECT COUNT(*) FROM visits WHERE " + "NOT " * 400 + "age > 3"
+    with pytest.raises(dpsql.QueryRejected, match="nests too deeply|levels deep"):
+        parse_statements(nots)
+    with pytest.raises(dpsql.QueryRejected, match="characters long"):
+        parse_statements("SELECT COUNT(*) FROM visits WHERE city = '" + "x" * 1_000_001 + "'")
+    fits = "SELECT COUNT(*) FROM visits WHERE " + "(" * MAX_PAREN_DEPTH + "age > 3" + ")" * MAX_PAREN_DEPTH
+    assert len(parse_statements(fits)) == 1
+    assert MAX_TREE_DEPTH >= 100
+
+
+def test_edit_distance_and_did_you_mean() -> None:
+    assert edit_distance("income", "incmoe") == 1  # a swap of neighbours
+    assert edit_distance("", "abc") == 3 and edit_distance("Age", "age") == 0
+    assert did_you_mean("agee", ["age", "income"]) == " Did you mean 'age'?"
+    assert did_you_mean("REGION", ["region"]) == " Did you mean 'region'?"
+    assert did_you_mean("vists", ["visits", "visit_s"]) in (" Did you mean 'visits'?",
+                                                            " Did you mean 'visit_s' or 'visits'?")
+    assert did_you_mean("completely_else", ["age", "income"]) == ""
+    # only the names passed are ever suggested: a denied name close to the typo is not
+    assert did_you_mean("ssm", ["age", "income"]) == ""
