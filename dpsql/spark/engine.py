@@ -1,0 +1,240 @@
+"""An :class:`~dpsql.engine.Engine` over an Apache Spark session (pyspark).
+
+The pipeline is unchanged: analysis, noise and accounting run in dpsql; Spark runs only the
+bounded query, which :mod:`dpsql.spark.translate` turns into Spark SQL with the same exact
+results as on DuckDB (keyed hash, clipping, DECIMAL(38,0) sums, exact floors).
+
+Tables. The policy's tables are tables or temporary views of the session (``tables=None``:
+every temporary view and every table of the current database), or what ``tables=`` maps
+policy names to: a Spark DataFrame of this session, or the path of Parquet, CSV or JSON
+files (read by Spark; a folder is read whole, Hive-style partition folders included).
+
+Security. Analyst SQL never reaches Spark: the analyzer lets only policy tables and a
+fixed grammar in, and this engine refuses, before Spark parses anything, a query reading
+any other table or calling a function outside an allow-list
+(:func:`~dpsql.spark.translate.check_reachable`). So ``read_files``, ``parquet.`path```,
+``spark_catalog.`` names of other tables, ``reflect``/``java_method`` and registered UDFs
+are unreachable. Anyone holding the same SparkSession can of course read raw rows: it is the
+data owner's.
+
+Rows have no stable id in Spark (``monotonically_increasing_id`` changes with the
+partitioning), so :meth:`SparkEngine.row_id` is the keyed-hash input ``xxhash64`` of the
+whole row, as DuckDB's engine does for views: identical rows share an id, which only
+merges units, so every bound still holds.
+
+Dialect. The pipeline writes bounded SQL in :attr:`SparkEngine.dialect` (DuckDB's, for now:
+``rewrite`` builds DuckDB functions into its tree) and :meth:`SparkEngine.run` translates
+it. When ``rewrite`` hands engines the tree itself (issue 13), ``run`` takes it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import sqlglot.expressions as exp
+
+from dpsql.errors import Error, InternalError
+from dpsql.spark.translate import check_reachable, parse_bounded, to_spark
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["SparkEngine", "duckdb_type"]
+
+#: pyspark logs every failed query's message (which can quote a value of a row) with its
+#: stack to stderr through these loggers; dpsql logs engine failures itself, without the
+#: message (DESIGN §7), so they are silenced once a Spark engine is created.
+_PYSPARK_QUERY_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json"}
+
+#: Spark's simple type names -> the names the analyzer reads (DuckDB's). Others pass upper-cased
+#: (arrays, maps, structs, binary: the analyzer allows them IS NULL only).
+_TYPE_NAMES = {
+    "tinyint": "TINYINT", "smallint": "SMALLINT", "int": "INTEGER", "bigint": "BIGINT",
+    "float": "FLOAT", "double": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR",
+    "date": "DATE", "timestamp": "TIMESTAMP WITH TIME ZONE", "timestamp_ntz": "TIMESTAMP",
+}
+
+
+def duckdb_type(spark_type: str) -> str:
+    """A Spark column type (``DataType.simpleString()``) as the analyzer names it.
+
+    >>> duckdb_type("int"), duckdb_type("decimal(10,2)"), duckdb_type("varchar(20)")
+    ('INTEGER', 'DECIMAL(10,2)', 'VARCHAR')
+    """
+    name = spark_type.strip().casefold()
+    if name in _TYPE_NAMES:
+        return _TYPE_NAMES[name]
+    if name.startswith(("varchar(", "char(")):
+        return "VARCHAR"
+    return name.upper()
+
+
+class SparkEngine:
+    """Runs bounded queries on a SparkSession and returns Arrow tables."""
+
+    dialect = "duckdb"
+
+    def __init__(
+        self,
+        session: SparkSession,
+        *,
+        tables: Mapping[str, DataFrame | str | os.PathLike[str]] | None = None,
+        data_version: str | None = None,
+        owned: bool = False,
+    ) -> None:
+        """Args:
+            session: the SparkSession that holds (or reads) the data.
+            tables: policy table name -> a DataFrame of ``session`` or a path of
+                Parquet/CSV/JSON files; ``None``: the session's views and tables.
+            data_version: a name for the data's current version, for the repeat store (the
+                owner says when the data changed; nothing reads the data to find out).
+            owned: stop ``session`` on :meth:`close` (a session dpsql started).
+        """
+        self._session = session
+        self._owned = owned
+        for name in _PYSPARK_QUERY_LOGGERS:
+            logging.getLogger(name).disabled = True
+        self._lock = threading.Lock()
+        self._group = f"dpsql-{uuid.uuid4().hex}"
+        self._version = f"owner:{data_version}" if data_version is not None else "spark"
+        self._refs: dict[str, exp.Table] = {}
+        self._schema: dict[str, dict[str, str]] = {}
+        self._columns: dict[str, list[str]] = {}
+        if tables is None:
+            self._add_catalog()
+        else:
+            for name, source in tables.items():
+                self._add_source(name, source)
+        self._allowed = frozenset(ref.sql(dialect="spark") for ref in self._refs.values())
+
+    # -- the tables ---------------------------------------------------------------------
+    def _add_catalog(self) -> None:
+        catalog = self._session.catalog
+        database = catalog.currentDatabase()
+        for table in catalog.listTables():
+            if table.isTemporary:
+                ref = exp.table_(exp.to_identifier(table.name, quoted=True))
+                if table.namespace:  # a global temporary view
+                    ref = exp.table_(exp.to_identifier(table.name, quoted=True),
+                                     db=exp.to_identifier(table.namespace[0], quoted=True))
+            elif (table.database or database) == database:
+                ref = exp.table_(
+                    exp.to_identifier(table.name, quoted=True),
+                    db=exp.to_identifier(table.database or database, quoted=True),
+                    catalog=exp.to_identifier(table.catalog or "spark_catalog", quoted=True),
+                )
+            else:
+                continue
+            self._register(table.name, ref)
+
+    def _add_source(self, name: str, source: DataFrame | str | os.PathLike[str]) -> None:
+        from pyspark.sql import DataFrame
+
+        if isinstance(source, DataFrame):
+            frame = source
+            if frame.sparkSession is not self._session:
+                raise Error(f"the DataFrame given for table {name!r} belongs to another SparkSession; "
+                            "pass DataFrames of the session dpsql runs on.")
+        else:
+            frame = self._read(name, os.fspath(source))
+        hidden = f"__dpsql_{uuid.uuid4().hex[:12]}_{name}"
+        frame.createOrReplaceTempView(hidden)
+        self._register(name, exp.table_(exp.to_identifier(hidden, quoted=True)))
+
+    def _read(self, name: str, path: str) -> DataFrame:
+        stem = path.rstrip("/")
+        fmt = next((f for ext, f in _FORMATS.items() if stem.endswith(ext) or stem.endswith(ext + "*")), None)
+        if fmt is None and os.path.isdir(stem):
+            found = {os.path.splitext(f)[1] for _, _, files in os.walk(stem) for f in files}
+            fmt = next((f for ext, f in _FORMATS.items() if ext in found), None)
+        if fmt is None:
+            raise Error(f"cannot tell the format of {path!r} (table {name!r}): name Parquet (.parquet), "
+                        "CSV (.csv) or JSON (.json) files, or a folder of them.")
+        reader = self._session.read
+        if fmt == "csv":
+            reader = reader.option("header", "true").option("inferSchema", "true")
+        try:
+            return reader.format(fmt).load(path)
+        except Exception as e:  # noqa: BLE001 - Spark raises AnalysisException and others
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise Error(f"cannot read {path!r} for table {name!r}: {first}") from None
+
+    def _register(self, name: str, ref: exp.Table) -> None:
+        key = name.casefold()
+        fields = self._session.table(ref.sql(dialect="spark")).schema.fields
+        self._refs[key] = ref
+        self._schema[key] = {f.name.casefold(): duckdb_type(f.dataType.simpleString()) for f in fields}
+        self._columns[key] = [f.name for f in fields]
+
+    # -- the Engine interface -----------------------------------------------------------
+    def schema(self) -> Mapping[str, Mapping[str, str]]:
+        return self._schema
+
+    def table(self, name: str) -> exp.Table:
+        ref = self._refs.get(name.casefold())
+        if ref is None:
+            raise InternalError(f"table {name!r} is not in the Spark session; the policy check should have caught this")
+        return ref.copy()
+
+    def row_id(self, alias: str, table: str | None = None) -> exp.Expression:
+        """``xxhash64`` of every column of the row (Spark has no row id; see the module
+        docstring)."""
+        if table is None or table.casefold() not in self._columns:
+            raise InternalError("the Spark engine needs the table to build a row id")
+        columns = [exp.column(c, table=alias, quoted=True) for c in self._columns[table.casefold()]]
+        return exp.Anonymous(this="hash", expressions=columns)
+
+    def distinct_values(self, table: str, column: str, limit: int) -> tuple[object, ...] | None:
+        ref = exp.column(column, quoted=True)
+        query = (
+            exp.select(ref).distinct().from_(self.table(table))
+            .where(exp.Not(this=exp.Is(this=ref.copy(), expression=exp.Null())))
+            .order_by(ref.copy()).limit(limit + 1)
+        )
+        values = self.run(query).column(0).to_pylist()
+        return None if len(values) > limit else tuple(values)
+
+    def spark_sql(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> str:
+        """The Spark SQL :meth:`run` would send (for ``explain`` and tests)."""
+        tree = parse_bounded(query) if isinstance(query, str) else query
+        translated = to_spark(tree)
+        check_reachable(translated, self._allowed, params or {})
+        return translated.sql(dialect="spark")
+
+    def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
+        """Run a bounded query (a tree, or its text in :attr:`dialect`) with its salts bound
+        as named parameters, and return its rows as Arrow."""
+        sql = self.spark_sql(query, params)
+        args: dict[str, Any] = {k: int(v) if isinstance(v, int) else v for k, v in (params or {}).items()}
+        with self._lock:
+            context = self._session.sparkContext
+            context.setJobGroup(self._group, "dpsql bounded query", interruptOnCancel=True)
+            try:
+                frame = self._session.sql(sql, args=args or None)
+                return frame.toArrow()
+            finally:
+                context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+    def data_version(self) -> str:
+        """The owner's ``data_version``, else a constant: Spark data is named by its owner."""
+        return self._version
+
+    def row_counts(self) -> dict[str, int]:
+        """No catalog counts in Spark: the timing model counts each table once."""
+        return {}
+
+    def interrupt(self) -> None:
+        """Cancel the running bounded query's jobs (from any thread)."""
+        self._session.sparkContext.cancelJobGroup(self._group)
+
+    def close(self) -> None:
+        if self._owned:
+            self._session.stop()
