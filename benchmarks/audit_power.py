@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dpsql.audit.stats import lower_bound  # noqa: E402
-from dpsql.mechanisms import SeededRandom, sample_discrete_laplace  # noqa: E402
+from dpsql.noise import SeededRandom, sample_discrete_laplace  # noqa: E402
 
 SENSITIVITY = 10
 RUNS = (100, 200, 500, 1000, 2000, 5000, 10000)

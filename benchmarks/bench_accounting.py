@@ -1,8 +1,8 @@
 """How many queries does one budget answer, under basic composition and under PLDs?
 
-Each query shape is a :class:`dpsql.accounting.Charge` built exactly as the pipeline builds
-it (``dpsql.calibrate.calibrate`` then ``Measurement.describe()``), charged against an
-in-memory :class:`dpsql.accounting.Ledger` until the ledger refuses. Shapes:
+Each query shape is a :class:`dpsql.privacy.Charge` built exactly as the pipeline builds
+it (``dpsql.analyze.calibrate.calibrate`` then ``Measurement.describe()``), charged against an
+in-memory :class:`dpsql.privacy.Ledger` until the ledger refuses. Shapes:
 
 - ``gaussian count``: ``SELECT COUNT(*)`` at (0.1, 1e-8): one Gaussian measurement;
 - ``laplace count``: ``SELECT COUNT(*)`` at epsilon 0.1, delta 0: one Laplace measurement;
@@ -33,10 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from dpsql.accounting import Charge, Ledger  # noqa: E402
-from dpsql.calibrate import MeasurementSpec, calibrate  # noqa: E402
+from dpsql.privacy import Charge, Ledger  # noqa: E402
+from dpsql.analyze.calibrate import MeasurementSpec, calibrate  # noqa: E402
 from dpsql.errors import BudgetExceeded  # noqa: E402
-from dpsql.mechanisms import gdp_delta  # noqa: E402
+from dpsql.noise import gdp_delta  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _shared import cpu_model  # noqa: E402
-from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace, gaussian_noise, laplace_noise
+from dpsql.noise import DiscreteGaussian, DiscreteLaplace, gaussian_noise, laplace_noise
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 LAPLACE_SCALES = (1.0, 1e3, 1e6)

@@ -13,7 +13,7 @@ with a file ledger, and measures:
 
 Both are measured twice: with *new queries* (a new alias each time: planned, run, noised,
 charged, stored), and with *repeats* (one query again and again: after the first, the
-stored answer comes back free, see :mod:`dpsql.cache`), which isolates the server path.
+stored answer comes back free, see :mod:`dpsql.repeats`), which isolates the server path.
 
 The goal (issue 6): >= 300 q/s and p99 <= 50 ms with 8 clients on a 2-core machine.
 Clients and server share the machine's cores, so the load average is printed with the

@@ -252,7 +252,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         dbs = make_databases(home)
-        model = calibrate()  # once, for both servers: one configuration, two databases
+        model = calibrate(pipeline=dpsql.Connection)  # once, for both servers: one configuration, two databases
         servers = [start_server(db, home / f"server{i}", model) for i, db in enumerate(dbs)]
         try:
             models = [model_of(log) for _, _, _, log in servers]

@@ -1,7 +1,7 @@
 """How accurate are MEDIAN and a registered trimmed mean at epsilon = 1? (issue 5 §6)
 
 On the demo data (1M rows, 100k users; generated once and cached under ``benchmarks/data/``)
-it runs the mechanisms of :mod:`dpsql.udf` many times on values read with DuckDB directly
+it runs the mechanisms of :mod:`dpsql.release.udf` many times on values read with DuckDB directly
 and reports how often the answer lands near the exact one:
 
 - ``MEDIAN(age)`` within 3 years, with one value per user (age is per user; junk ages are
@@ -40,8 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpsql.demo import demo_database  # noqa: E402
-from dpsql.mechanisms import laplace_noise  # noqa: E402
-from dpsql.udf import (  # noqa: E402
+from dpsql.noise import laplace_noise  # noqa: E402
+from dpsql.release.udf import (  # noqa: E402
     QuantileSpec,
     UDFRelease,
     assign_blocks,
@@ -53,8 +53,8 @@ from dpsql.udf import (  # noqa: E402
     smooth_quantile,
     validate_udf,
 )
-from dpsql.udf.ptr import prepare_values, quantile_value  # noqa: E402
-from dpsql.udf.sample_and_aggregate import evaluate_blocks  # noqa: E402
+from dpsql.release.udf.ptr import prepare_values, quantile_value  # noqa: E402
+from dpsql.release.udf.sample_and_aggregate import evaluate_blocks  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 EPSILON, DELTA, EPSILON_COUNT = 1.0, 1e-6, 0.05

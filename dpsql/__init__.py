@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dpsql.accounting import BudgetStatus, Ledger
+from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.client import Client
 from dpsql.connection import Connection, connect
 from dpsql.errors import (
@@ -24,8 +24,8 @@ from dpsql.errors import (
 from dpsql.policy import Policy, load_policy
 from dpsql import local  # dpsql.local: local differential privacy, its own namespace
 from dpsql.result import Result
+from dpsql.version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AuthenticationError",

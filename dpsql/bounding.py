@@ -281,7 +281,7 @@ def _column_figures(src: _Source, column: str, bounds: tuple[float, float], r: i
 
 def _noise(r: int, bounds: Mapping[str, tuple[float, float]], epsilon: float) -> dict[str, float]:
     """95% half-widths of COUNT(*) and SUM(col), each alone, ungrouped, at ``epsilon``."""
-    from dpsql.calibrate import MeasurementSpec, calibrate
+    from dpsql.analyze.calibrate import MeasurementSpec, calibrate
 
     out: dict[str, float] = {}
     (count,) = calibrate([MeasurementSpec("n", "count_rows")], epsilon=epsilon, delta=0.0, l0=1, max_rows=r)

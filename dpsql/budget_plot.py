@@ -32,7 +32,7 @@ import numpy as np
 
 from dpsql.errors import Error
 
-__all__ = ["Spending", "plot_analyst", "plot_owner", "spending"]
+__all__ = ["Spending", "analyst_figure", "owner_figure", "plot_analyst", "plot_owner", "spending"]
 
 #: Points of an analyst's spending-over-time line composed at most (then sampled evenly).
 MAX_POINTS = 120
@@ -217,6 +217,11 @@ def plot_analyst(path: str | os.PathLike[str], spent: Spending, charges: Sequenc
     Raises:
         Error: matplotlib is not installed.
     """
+    _save(analyst_figure(spent, charges), path)
+
+
+def analyst_figure(spent: Spending, charges: Sequence[Any]) -> Any:
+    """The matplotlib figure :func:`plot_analyst` saves."""
     plt = _pyplot()
     figure, axes = plt.subplots(1, 3, figsize=(16, 4.8), dpi=110,
                                 gridspec_kw={"width_ratios": [0.8, 1.2, 1.1]})
@@ -228,8 +233,16 @@ def plot_analyst(path: str | os.PathLike[str], spent: Spending, charges: Sequenc
     figure.suptitle(f"Privacy budget of {spent.analyst!r}: ε {_share_text(spent.epsilon_spent, spent.epsilon_total)}"
                     f" spent in {_plural(spent.queries, 'query', 'queries')}", fontsize=11)
     figure.tight_layout()
-    figure.savefig(os.fspath(path))
-    plt.close(figure)
+    return figure
+
+
+def _save(figure: Any, path: str | os.PathLike[str]) -> None:
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - loaded by the figure already
+
+    try:
+        figure.savefig(os.fspath(path))
+    finally:
+        plt.close(figure)
 
 
 def plot_owner(path: str | os.PathLike[str], spendings: Sequence[Spending]) -> None:
@@ -239,6 +252,11 @@ def plot_owner(path: str | os.PathLike[str], spendings: Sequence[Spending]) -> N
     Raises:
         Error: matplotlib is not installed.
     """
+    _save(owner_figure(spendings), path)
+
+
+def owner_figure(spendings: Sequence[Spending]) -> Any:
+    """The matplotlib figure :func:`plot_owner` saves."""
     plt = _pyplot()
     ranked = sorted(spendings, key=lambda s: (-s.share, s.analyst))[:MAX_ANALYSTS]
     palette = plt.get_cmap("tab10")
@@ -254,5 +272,4 @@ def plot_owner(path: str | os.PathLike[str], spendings: Sequence[Spending]) -> N
     figure.suptitle(f"Privacy budgets: {_plural(len(spendings), 'analyst')}, "
                     f"{_plural(total, 'query', 'queries')} charged{more}", fontsize=11)
     figure.tight_layout()
-    figure.savefig(os.fspath(path))
-    plt.close(figure)
+    return figure

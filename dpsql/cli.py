@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dpsql
-from dpsql.accounting import BudgetStatus, Ledger
+from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.audit.command import add_arguments as add_audit_arguments
 from dpsql.audit.command import run_audit
 from dpsql.connection import Connection, Explanation
@@ -230,7 +230,7 @@ def run_budget(args: argparse.Namespace) -> int:
     """``dpsql budget``: what an analyst has spent and has left, from the ledger.
 
     Spending is composed by the policy's accountant. With ``--plot FILE.png``, also draws
-    the trade-off curve of what was spent against the budget's (see :mod:`dpsql.pld`).
+    the trade-off curve of what was spent against the budget's (see :mod:`dpsql.privacy.pld`).
     """
     policy = load_policy(args.policy)
     budget = policy.budget_for(args.analyst)
@@ -250,7 +250,7 @@ def run_budget(args: argparse.Namespace) -> int:
         group = status.group_privacy(2)
         print(f"  Gaussian-DP: mu={status.mu:.4g} (every measurement was Gaussian); a group of 2 units: mu={group.mu:.4g}")
     if args.plot:
-        from dpsql.pld import plot_tradeoff  # noqa: PLC0415 - dp-accounting and matplotlib load slowly
+        from dpsql.privacy.tradeoff import plot_tradeoff  # noqa: PLC0415 - dp-accounting and matplotlib load slowly
 
         plot_tradeoff(args.plot, status, charges)
         print(f"  trade-off curve: {args.plot}")

@@ -22,7 +22,7 @@ Everything an analyst observes is a release (DESIGN §7), so the order matters:
 - An error in post-processing (HAVING, casts of the select list) depends only on noisy
   values and is charged like an answer.
 
-Free repeats (:mod:`dpsql.cache`). Before anything is charged, ``execute`` looks the query
+Free repeats (:mod:`dpsql.repeats`). Before anything is charged, ``execute`` looks the query
 up by (analyst, normalised SQL, epsilon, delta, policy and noise, data version): an answer
 released before is returned again, charged nothing, with ``res.cached`` true and a note in
 ``res.privacy.notes``. The data version is named without reading the data (see
@@ -45,32 +45,31 @@ import logging
 import os
 import threading
 import traceback
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from types import TracebackType
-from typing import Any
 
 import duckdb
 import pyarrow as pa
-import sqlglot.expressions as exp
 
-from dpsql.accounting import BudgetStatus, Charge, Ledger
+from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.analyze import analyze, resolve_budget
-from dpsql.cache import REPEAT_NOTE, CachedAnswer, RepeatCache, policy_fingerprint, repeat_key
+from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
 from dpsql.engine import DuckDBEngine, Engine
 from dpsql.errors import Error, QueryFailed
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.local.query import answer as answer_local
 from dpsql.local.query import references_local_table
 from dpsql.local.store import ReportStore, open_report_store
-from dpsql.mechanisms import RandomSource
-from dpsql.plan import QueryPlan, ValueRelease
+from dpsql.noise import RandomSource
+from dpsql.plan import QueryPlan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
-from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
+from dpsql.result import Result
 from dpsql.rewrite import bounded_query, salt_parameters, value_query
 from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
-from dpsql.udf.registry import UDF, check_strategy, choose_strategy, validate_udf
+from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
+from dpsql.report import charge_of, described, fresh_result, privacy_report, repeat_result, uses_udf, with_values
 
 __all__ = ["Connection", "Explanation", "connect"]
 
@@ -102,7 +101,7 @@ class Connection:
         """Chain the passes over ``engine`` for ``analyst``.
 
         Args:
-            repeats: serve a repeated query its first answer, free (see :mod:`dpsql.cache`);
+            repeats: serve a repeated query its first answer, free (see :mod:`dpsql.repeats`);
                 ``False`` charges every execute and draws fresh noise each time.
             answers: where released answers are kept for free repeats; by default beside
                 the ledger's file (``<ledger>.answers``), or in memory for an in-memory
@@ -220,9 +219,9 @@ class Connection:
         plan = self.plan(sql, epsilon=epsilon, delta=delta)
         bounded = bounded_query(plan, self._engine, salt=0).sql(dialect=self._engine.dialect, pretty=True)
         budget = self._policy.budget_for(self._analyst)
-        composition = dry_run_composition(self._ledger, self._analyst, budget, _charge(plan, sql))
+        composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(
-            plan, bounded, _privacy_report(plan), composition,
+            plan, bounded, privacy_report(plan), composition,
             replan=lambda eps: self._replan(sql, eps, plan.delta),
             max_epsilon=self._policy.max_epsilon_per_query,
         )
@@ -288,29 +287,29 @@ class Connection:
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
-        if self._answers is None or _uses_udf(plan):
+        if self._answers is None or uses_udf(plan):
             return False
         return self._answers.get(self._repeat_key(plan, sql), self._anchor()) is not None
 
     def _execute(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
         budget = self._policy.budget_for(self._analyst)
-        if self._answers is None or _uses_udf(plan):
-            self._ledger.charge(self._analyst, budget, _charge(plan, sql))  # before any data
+        if self._answers is None or uses_udf(plan):
+            self._ledger.charge(self._analyst, budget, charge_of(plan, sql))  # before any data
             noisy, report = self._read(plan, late)
             table, cells = self._post.run(plan, noisy)
-            return _with_values(_result(plan, table, cells, sql, cached=False), plan, report)
+            return with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
         key = self._repeat_key(plan, sql)
         cached = self._answers.get(key, self._anchor())
         if cached is not None:
-            return _repeat(plan, cached, sql)
+            return repeat_result(plan, cached, sql)
         with self._answers.claim() as claim:
             cached = claim.get(key, self._anchor())
             if cached is not None:  # another connection answered it meanwhile
-                return _repeat(plan, cached, sql)
-            self._ledger.charge(self._analyst, budget, _charge(plan, sql))  # before any data
+                return repeat_result(plan, cached, sql)
+            self._ledger.charge(self._analyst, budget, charge_of(plan, sql))  # before any data
             noisy, report = self._read(plan, late)
             table, cells = self._post.run(plan, noisy)
-            result = _with_values(_result(plan, table, cells, sql, cached=False), plan, report)
+            result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
             claim.put(key, self._anchor(), self._analyst, sql, table, cells, asdict(result.privacy))
         return result
 
@@ -375,12 +374,12 @@ class Connection:
     def _repeat_key(self, plan: QueryPlan, sql: str) -> str:
         return repeat_key(
             analyst=self._analyst, sql=sql, epsilon=plan.epsilon, delta=plan.delta,
-            policy=self._policy_fingerprint, noise=_described(plan), data=self._engine.data_version(),
+            policy=self._policy_fingerprint, noise=described(plan), data=self._engine.data_version(),
         )
 
     def _anchor(self) -> str:
         """The analyst's first ledger event (id and time): it changes only when the ledger
-        is reset, which then invalidates every stored answer (see :mod:`dpsql.cache`)."""
+        is reset, which then invalidates every stored answer (see :mod:`dpsql.repeats`)."""
         if self._anchor_cache is None:
             events = getattr(self._ledger, "events", None)
             first = events(self._analyst)[:1] if events is not None else []
@@ -418,128 +417,6 @@ class Connection:
         self.close()
 
 
-def _charge(plan: QueryPlan, sql: str) -> Charge:
-    return Charge(plan.epsilon, plan.delta, sql, _described(plan))
-
-
-def _result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
-            cached: bool) -> Result:
-    result = Result(table, _privacy_report(plan), Accuracy(cells), sql)  # type: ignore[arg-type]
-    result.cached = cached  # type: ignore[attr-defined]
-    return result
-
-
-def _repeat(plan: QueryPlan, answer: CachedAnswer, sql: str) -> Result:
-    """A stored answer, under this query's column names, with the privacy report it was
-    released with, marked as a free repeat."""
-    table = answer.table
-    if table.num_columns != len(plan.output_names):
-        raise Error("a stored answer does not match this query's columns; delete the answers file "
-                    "beside the ledger. This is probably a bug in dpsql.")
-    table = table.rename_columns(list(plan.output_names))
-    cells = {new: list(answer.cells.get(old, [None] * table.num_rows))
-             for old, new in zip(answer.table.column_names, plan.output_names)}
-    stored = answer.privacy
-    columns = {new: _column_privacy(stored["columns"][old])
-               for old, new in zip(answer.table.column_names, plan.output_names)}
-    report = PrivacyReport(stored["epsilon"], stored["delta"], columns, (*stored["notes"], REPEAT_NOTE))
-    result = Result(table, report, Accuracy(cells), sql)
-    result.cached = True  # type: ignore[attr-defined]
-    return result
-
-
-def _column_privacy(stored: dict[str, Any]) -> ColumnPrivacy:
-    measurements = tuple({k: _tuples(v) for k, v in m.items()} for m in stored["measurements"])
-    return ColumnPrivacy(stored["mechanism"], stored["noise_std"], measurements)
-
-
-def _tuples(value: object) -> object:
-    """JSON made the report's tuples lists; make them tuples again."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def _uses_udf(plan: QueryPlan) -> bool:
-    """Whether a registered UDF answers part of the query: its code is not part of the
-    repeat key, so such queries are answered afresh (and charged) every time."""
-    return any(isinstance(r.target, UDF) for r in getattr(plan, "value_releases", ()))
-
-
-def _described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
-    """Every noisy quantity of the plan, as the ledger records it."""
-    selection = (plan.selection.describe(),) if plan.selection is not None else ()
-    values = tuple(r.describe() for r in plan.value_releases)
-    return selection + tuple(m.describe() for m in plan.measurements) + values
-
-
-def _with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]) -> Result:
-    """The privacy report with what each order statistic or UDF actually used, and why."""
-    if not report:
-        return result
-    columns = dict(result.privacy.columns)
-    notes = list(result.privacy.notes)
-    for name, projection in zip(plan.output_names, plan.output.expressions):
-        refs = [c.name for c in projection.find_all(exp.Column) if c.name in report]
-        outs = [o for r in refs for o in report[r]]
-        if not outs:
-            continue
-        mechanisms = "+".join(sorted({o.mechanism for o in outs}))  # type: ignore[attr-defined]
-        described = tuple(o.describe() for o in outs)  # type: ignore[attr-defined]
-        columns[name] = ColumnPrivacy(mechanisms, None, described)
-        why = str(outs[0].parameters.get("why", ""))  # type: ignore[attr-defined]
-        per_group = f" (chosen per group from a noisy unit count; first group shown)" if len(outs) > 1 else ""
-        notes.append(f"{name}: {why}{per_group}")
-        refused = sum(bool(o.refused) for o in outs)  # type: ignore[attr-defined]
-        if refused:
-            notes.append(f"{name}: {refused} of {len(outs)} group(s) refused by PTR (NULL): {outs[0].reason or 'unstable'}")  # type: ignore[attr-defined]
-    result.privacy = replace(result.privacy, columns=columns, notes=tuple(notes))
-    return result
-
-
-def _expected_value_privacy(releases: list[ValueRelease]) -> ColumnPrivacy:
-    """The mechanism an order statistic or UDF is expected to use, before running: the
-    choice is made per group from a noisy unit count, so this models a group of
-    ``_NOMINAL_UNITS`` units (it decides only between PTR and smooth sensitivity)."""
-    names = {"smooth": "smooth_sensitivity", "ptr": "ptr", "sample_and_aggregate": "sample_and_aggregate"}
-    described = []
-    for r in releases:
-        eps = r.epsilon * (1 - ValueRelease.COUNT_SHARE)
-        strategy, why = choose_strategy(r.target, _NOMINAL_UNITS, eps, r.delta, rows_per_unit=r.rows_per_unit)  # type: ignore[arg-type]
-        described.append({**r.describe(), "mechanism": names[strategy], "why": why, "decided": "per group at run time"})
-    mechanism = "+".join(sorted({str(d["mechanism"]) for d in described}))
-    return ColumnPrivacy(mechanism, None, tuple(described))
-
-
-#: The group size :func:`_expected_value_privacy` models.
-_NOMINAL_UNITS = 1000
-
-
-def _privacy_report(plan: QueryPlan) -> PrivacyReport:
-    by_name = {a.name: a for a in plan.aggregates}
-    keys = {k.name: k for k in plan.group_keys}
-    columns: dict[str, ColumnPrivacy] = {}
-    for name, projection in zip(plan.output_names, plan.output.expressions):
-        refs = [c.name for c in projection.find_all(exp.Column)]
-        used = [by_name[r] for r in refs if r in by_name]
-        measurements = tuple(plan.measurement(n) for a in used for n in a.measurements)
-        values = [r for r in plan.value_releases if r.name in refs]
-        if values and not measurements:
-            columns[name] = _expected_value_privacy(values)
-            continue
-        if not measurements:
-            private = any(r in keys and not keys[r].is_public for r in refs)
-            public = any(r in keys for r in refs)
-            mechanism = "partition_selection" if private else "public" if public else "none"
-            described = (plan.selection.describe(),) if private and plan.selection else ()
-            columns[name] = ColumnPrivacy(mechanism, None, described)
-            continue
-        mechanisms = "+".join(sorted({m.mechanism for m in measurements}))
-        bare = projection.unalias()
-        simple = len(used) == 1 and used[0].function in ("count", "count_distinct", "sum") and bare.name in by_name
-        std = measurements[0].noise_std if simple else None
-        columns[name] = ColumnPrivacy(mechanisms, std, tuple(m.describe() for m in measurements))
-    return PrivacyReport(plan.epsilon, plan.delta, columns, plan.notes)
-
-
 def connect(
     database: str | os.PathLike[str] | duckdb.DuckDBPyConnection,
     policy: str | os.PathLike[str] | Policy,
@@ -560,9 +437,9 @@ def connect(
         policy: the policy file, or a loaded :class:`~dpsql.policy.Policy`.
         analyst: whose budget queries are charged to.
         ledger: a SQLite ledger path (shared safely by every process that opens it), a
-            :class:`~dpsql.accounting.Ledger`, or ``None`` for an in-memory ledger that
+            :class:`~dpsql.privacy.Ledger`, or ``None`` for an in-memory ledger that
             lasts as long as the connection.
-        noise_source: for tests only: a seeded :class:`~dpsql.mechanisms.RandomSource`.
+        noise_source: for tests only: a seeded :class:`~dpsql.noise.RandomSource`.
             Production noise always comes from the operating system's CSPRNG.
         repeats: ``True`` (the default): a repeated query (same analyst, SQL up to spacing
             and keyword case, epsilon, delta, policy and data) gets its first answer again,
@@ -572,7 +449,7 @@ def connect(
         data_version: for a wrapped connection whose data changes: a name for the data's
             current version (a load date, a snapshot id). Stored answers are served again
             only under the same version; nothing reads the data to find out whether it
-            changed (see :mod:`dpsql.cache`). A file opened by path is versioned by its
+            changed (see :mod:`dpsql.repeats`). A file opened by path is versioned by its
             identity and modification time.
         deadline: hold each answer that reads data until a deadline computed from public
             facts (:mod:`dpsql.timing`): ``True`` measures this machine's speed first
@@ -591,7 +468,7 @@ def connect(
         check_against_schema(loaded, engine.schema())
         timing = None
         if deadline is not False:
-            model = deadline if isinstance(deadline, TimingModel) else calibrate()
+            model = deadline if isinstance(deadline, TimingModel) else calibrate(pipeline=Connection)
             timing = Timing(model, table_sizes(loaded, engine), engine.interrupt)
         book = ledger if isinstance(ledger, Ledger) else Ledger(ledger, accountant=loaded.accountant)
     except BaseException:

@@ -12,7 +12,7 @@ that connection as the data owner configured it: dpsql only ever sends its own g
 SQL over it, but anyone holding the same connection object can read raw rows.
 
 Data versions. :meth:`DuckDBEngine.data_version` names the data for the repeat store
-(:mod:`dpsql.cache`) without reading it: a file opened by path is attached read-only and
+(:mod:`dpsql.repeats`) without reading it: a file opened by path is attached read-only and
 locked against writers while open, so its identity (device, inode, size, modification
 time, taken at open) names its contents; a wrapped connection's version is whatever the
 data owner passed as ``data_version`` (the owner says when the data changed). An earlier

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import sqlglot.expressions as exp
 
-from dpsql.accounting import Charge
+from dpsql.privacy import Charge
 from dpsql.errors import Error
 from dpsql.plan import Aggregate, QueryPlan
-from dpsql.release import average_half_width, count_half_width, half_width
+from dpsql.release.aggregates import average_half_width, count_half_width, half_width
 from dpsql.result import PrivacyReport
 
 __all__ = ["ColumnExplanation", "Composition", "Explanation", "column_half_width", "smallest_epsilon"]

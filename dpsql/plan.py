@@ -18,12 +18,44 @@ which is post-processing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import sqlglot.expressions as exp
 
-from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace
+
+#: The table of noisy aggregates that post-processing evaluates the select list over.
+NOISY_TABLE = "__noisy"
+
+#: How a registered function or order statistic is answered (:mod:`dpsql.release.udf`).
+Strategy = Literal["auto", "ptr", "smooth", "sample_and_aggregate"]
+
+#: Seconds one sample-and-aggregate block may run, unless the registration says otherwise.
+DEFAULT_TIME_LIMIT = 0.1
+
+
+class Noise(Protocol):
+    """The noise a measurement carries, as plain parameters in release-lattice units
+    (:class:`~dpsql.noise.DiscreteLaplace` or :class:`~dpsql.noise.DiscreteGaussian`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def std(self) -> float: ...
+
+    def quantile_abs(self, confidence: float = 0.95) -> float: ...
+
+    def sample(self, n: int, source: Any = None) -> Any: ...
+
+
+class LaplaceNoise(Noise, Protocol):
+    """Discrete Laplace noise, which also has a ``scale`` (partition selection)."""
+
+    @property
+    def scale(self) -> float: ...
+
 
 MeasurementKind = Literal["count_rows", "count_values", "count_units", "sum", "sum_centred", "sum_squares"]
 AggregateFunction = Literal[
@@ -119,7 +151,7 @@ class Measurement:
     group_bound: int
     shift: int
     group_sensitivity: int
-    noise: DiscreteLaplace | DiscreteGaussian
+    noise: Noise
     epsilon: float = 0.0
     mu: float = 0.0
     source: str = SOURCE_ALIAS
@@ -176,7 +208,7 @@ class Selection:
     """
 
     name: str
-    noise: DiscreteLaplace
+    noise: LaplaceNoise
     threshold: int
     epsilon: float
     delta: float
@@ -195,12 +227,12 @@ class Selection:
 @dataclass(frozen=True)
 class ValueRelease:
     """An order statistic or registered UDF, answered per group from the values themselves
-    (:mod:`dpsql.udf`): PTR, smooth sensitivity or sample-and-aggregate, picked per group
+    (:mod:`dpsql.release.udf`): PTR, smooth sensitivity or sample-and-aggregate, picked per group
     from a noisy unit count.
 
     Attributes:
         name: its aggregate column in the noisy table.
-        target: a :class:`~dpsql.udf.QuantileSpec` or a registered :class:`~dpsql.udf.UDF`.
+        target: a :class:`~dpsql.release.udf.QuantileSpec` or a registered :class:`~dpsql.release.udf.UDF`.
         column: the policy column whose values it reads; ``source`` its table's alias.
         epsilon: epsilon per group (the query's share divided by the groups a unit may
             touch): 5% of it buys the noisy unit count, the rest the answer.
@@ -304,3 +336,49 @@ class QueryPlan:
             if m.name == name:
                 return m
         raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class UDF:
+    """A registered function (frozen; build it with :func:`validate_udf`).
+
+    Attributes:
+        name: the SQL name, lower case.
+        fn: takes one block's values (a read-only float64 numpy array), returns a float.
+        bounds: ``(lo, hi)``: answers are clipped into it; a failed block gives the midpoint.
+        local_sensitivity: ``(values, k) -> float``, or None (see :mod:`dpsql.release.udf.ptr`).
+        strategy: "auto", "ptr", "smooth" or "sample_and_aggregate".
+        time_limit: seconds one sample-and-aggregate block may run.
+    """
+
+    name: str
+    fn: Callable[[Any], object]
+    bounds: tuple[float, float]
+    local_sensitivity: Callable[[Any, int], float] | None = None
+    strategy: Strategy = "auto"
+    time_limit: float = DEFAULT_TIME_LIMIT
+
+    @property
+    def has_local_sensitivity(self) -> bool:
+        return self.local_sensitivity is not None
+
+
+@dataclass(frozen=True)
+class QuantileSpec:
+    """A built-in order statistic: ``QUANTILE_CONT(col, q)``; MEDIAN is ``q = 0.5``.
+
+    >>> QuantileSpec(0.5, (0.0, 100.0)).name
+    'median'
+    """
+
+    q: float
+    bounds: tuple[float, float]
+    strategy: Strategy = "auto"
+
+    @property
+    def name(self) -> str:
+        return "median" if self.q == 0.5 else f"quantile_cont({self.q:g})"
+
+    @property
+    def has_local_sensitivity(self) -> bool:
+        return True

@@ -15,10 +15,9 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from dpsql.analyze import NOISY_TABLE
 from dpsql.errors import QueryRejected
-from dpsql.plan import QueryPlan
-from dpsql.sqlcheck import DIALECT
+from dpsql.plan import NOISY_TABLE, QueryPlan
+from dpsql.analyze.parse import DIALECT
 
 __all__ = ["Postprocessor"]
 

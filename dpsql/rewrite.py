@@ -31,10 +31,10 @@ from collections.abc import Mapping
 
 import sqlglot.expressions as exp
 
-from dpsql.calibrate import clip_range, midpoint, square_offset
+from dpsql.analyze.calibrate import clip_range, midpoint, square_offset
 from dpsql.engine import Engine
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
-from dpsql.predicates import member
+from dpsql.analyze.predicates import member
 from dpsql.sqltypes import parse_type
 
 __all__ = ["bounded_query", "new_salt", "salt_parameters", "value_query"]
@@ -208,7 +208,7 @@ def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | Non
 
 def _fixed_point(x: exp.Expression, m: Measurement) -> exp.Expression:
     """``CAST(ROUND(clip(v) * 2^frac_bits) AS BIGINT)`` where ``v`` is ``x``, ``x - mid`` or
-    ``(x - mid)^2 - h^2/2`` (see :func:`~dpsql.calibrate.clip_range`); NULL and NaN never
+    ``(x - mid)^2 - h^2/2`` (see :func:`~dpsql.analyze.calibrate.clip_range`); NULL and NaN never
     reach it, and every intermediate is clipped, so +-inf cannot escape either."""
     assert m.bounds is not None
     if m.kind in ("sum_centred", "sum_squares"):

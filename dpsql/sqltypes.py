@@ -1,7 +1,7 @@
 """Column types as the engine reports them, and the one type each comparison is made in.
 
 A row-level expression must never fail on any value its column's type can hold (see
-:mod:`dpsql.predicates`). DuckDB's implicit casts do fail: ``h > 1.5`` on a HUGEINT column
+:mod:`dpsql.analyze.predicates`). DuckDB's implicit casts do fail: ``h > 1.5`` on a HUGEINT column
 casts ``h`` to DECIMAL(38,1), which overflows for ``|h| >= 1e37``; ``dmax > ts_ns`` casts a
 DATE to TIMESTAMP_NS, which overflows outside 1677-2262. So dpsql never leaves a cast to
 the engine: it decides the type of every comparison itself, from the declared types of the

@@ -9,7 +9,7 @@ the data, and an analyst who times answers learns it, uncharged.
 The defence, after Haeberlen, Pierce and Narayan, "Differential Privacy Under Fire"
 (USENIX Security 2011), adapted to a database engine that cannot time out single rows:
 
-1. **Bounded per-row work** comes from the grammar (:mod:`dpsql.predicates`): every
+1. **Bounded per-row work** comes from the grammar (:mod:`dpsql.analyze.predicates`): every
    accepted operation is total and at most linear in the row's own size, so no guard can
    make one row cost seconds.
 2. **Predictable query processing.** Every query that reads private data is given a
@@ -55,9 +55,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from dpsql.engine import DuckDBEngine
 from dpsql.errors import BudgetExceeded, QueryFailed, RateLimited
+from dpsql.policy import parse_policy
+from dpsql.privacy import Ledger
 
 __all__ = ["Timing", "TimingModel", "calibrate", "coarse_rows", "table_sizes", "warm_up"]
 
@@ -200,8 +203,12 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(left)
 
 
-def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3) -> TimingModel:
+def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
+              pipeline: Callable[..., Any]) -> TimingModel:
     """Measure this machine's speed on synthetic data (never the private data).
+
+    ``pipeline`` is the :class:`~dpsql.connection.Connection` class whose path is timed
+    (passed in: the connection sits above this module and uses it).
 
     Runs ``SELECT g, COUNT(*), AVG(x) FROM t GROUP BY g`` through the whole pipeline on two
     generated tables of ``rows`` rows and fits ``base + per_row * rows`` to the median of
@@ -210,10 +217,6 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3) -> Tim
     """
     import duckdb
 
-    from dpsql.connection import Connection
-    from dpsql.engine import DuckDBEngine
-    from dpsql.accounting import Ledger
-    from dpsql.policy import parse_policy
 
     policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
     times = []
@@ -225,7 +228,7 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3) -> Tim
             # A ledger file and an answers file, as the server has: their commits are part
             # of every new query's time.
             ledger = Ledger(os.path.join(scratch, f"ledger{n}.sqlite"))
-            conn = Connection(DuckDBEngine(con), policy, "calibration", ledger)
+            conn = pipeline(DuckDBEngine(con), policy, "calibration", ledger)
             try:
                 runs = []
                 for i in range(repeats + 1):  # the first run warms caches up and is not counted
@@ -243,11 +246,11 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3) -> Tim
     return TimingModel(base=_quantized(base), per_row=_quantized(per_row))
 
 
-def warm_up() -> None:
+def warm_up(pipeline: Callable[..., Any]) -> None:
     """Run the pipeline once on a small synthetic table, so that what a process does only
     the first time (imports, caches) does not fall inside the first analyst's deadline.
     :func:`calibrate` does this itself; a server whose model is pinned calls this."""
-    calibrate(rows=(100, 200), repeats=0)
+    calibrate(rows=(100, 200), repeats=0, pipeline=pipeline)
 
 
 def _quantized(value: float) -> float:

@@ -1,4 +1,4 @@
-"""Tests for dpsql.accounting: units, the ledger, and concurrency across threads and processes."""
+"""Tests for dpsql.privacy: units, the ledger, and concurrency across threads and processes."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dpsql.accounting import (
+from dpsql.privacy import (
     Accountant,
     BasicAccountant,
     BudgetStatus,
@@ -36,7 +36,7 @@ from dpsql.accounting import (
 )
 from dpsql.errors import BudgetExceeded, Error, InternalError
 
-# dpsql.pld (and dp-accounting, slow to import) is imported only by the tests that use it,
+# dpsql.privacy.pld (and dp-accounting, slow to import) is imported only by the tests that use it,
 # so the processes spawned below start quickly.
 
 
@@ -395,7 +395,7 @@ def test_check_is_a_dry_run_of_charge(name: str) -> None:
 
 
 def test_accountant_named_knows_basic_and_pld_only() -> None:
-    from dpsql.pld import PLDAccountant
+    from dpsql.privacy.pld import PLDAccountant
 
     assert isinstance(accountant_named("basic"), BasicAccountant)
     assert isinstance(accountant_named("pld"), PLDAccountant)

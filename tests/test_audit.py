@@ -23,7 +23,7 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql import mechanisms
+from dpsql import noise as mechanisms
 from dpsql.audit import audit, cells, neighbour_database
 from dpsql.audit.command import register_demo_udfs
 from dpsql.audit.neighbour import AUDIT_KEY_PREFIX
@@ -195,7 +195,7 @@ def test_audit_catches_noise_eight_times_too_small(demo_db: Path, monkeypatch: p
 def test_audit_catches_a_leaked_group_key(demo_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Broken partition selection: every key is kept. The worst-case unit's new city then
     # appears in every answer on D' and in none on D: P[missing] is 1 against 0.
-    from dpsql import release
+    from dpsql.release import aggregates as release
 
     monkeypatch.setattr(release, "select_partitions", lambda plan, table, *a, **k: table)
     report = audit(demo_db, POLICY, "SELECT city, COUNT(*) FROM visits GROUP BY city", epsilon=1.0,

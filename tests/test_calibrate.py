@@ -8,8 +8,8 @@ from fractions import Fraction
 import pytest
 
 from dpsql.analyze import analyze
-from dpsql.calibrate import GROUP_BITS, NOISE_BITS, ROW_BITS, MeasurementSpec, calibrate, fixed_point
-from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace, gdp_mu
+from dpsql.analyze.calibrate import GROUP_BITS, NOISE_BITS, ROW_BITS, MeasurementSpec, calibrate, fixed_point
+from dpsql.noise import DiscreteGaussian, DiscreteLaplace, gdp_mu
 from dpsql.policy import parse_policy
 
 POLICY = parse_policy(

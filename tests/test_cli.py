@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsql.accounting import BudgetStatus, Ledger
+from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.cli import main
 from dpsql.demo import make_demo_database
 from dpsql.policy import load_policy

@@ -30,7 +30,7 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql.mechanisms import SeededRandom
+from dpsql.noise import SeededRandom
 from dpsql.policy import parse_policy
 from dpsql.release import noisy_table
 from dpsql.rewrite import bounded_query

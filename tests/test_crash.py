@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import dpsql
-from dpsql.cache import ANSWERS_SUFFIX
+from dpsql.repeats import ANSWERS_SUFFIX
 from dpsql.demo import make_demo_database
 from dpsql.policy import load_policy
 
@@ -61,8 +61,8 @@ def _after(cls: Any, name: str) -> None:
 
 
 def arm(point: str | None) -> None:
-    from dpsql.accounting import Ledger
-    from dpsql.cache import RepeatCache
+    from dpsql.privacy import Ledger
+    from dpsql.repeats import RepeatCache
     from dpsql.engine import DuckDBEngine
     from dpsql.postprocess import Postprocessor
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import dpsql
-from dpsql.accounting import Ledger
+from dpsql.privacy import Ledger
 from dpsql.connection import Connection
 from dpsql.demo import make_demo_database
 from dpsql.engine import DuckDBEngine

@@ -9,7 +9,7 @@ import sqlglot.expressions as exp
 
 import dpsql
 from dpsql import rewrite
-from dpsql.mechanisms import SeededRandom
+from dpsql.noise import SeededRandom
 from dpsql.policy import parse_policy
 
 POLICY = """

@@ -20,7 +20,7 @@ import pytest
 import dpsql
 from dpsql.local import AdaptiveRange, ReportError, perturb
 from dpsql.local._common import ONE
-from dpsql.mechanisms import SeededRandom, SystemRandom
+from dpsql.noise import SeededRandom, SystemRandom
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 LOWER, UPPER = -10.0, 50.0

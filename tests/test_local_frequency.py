@@ -23,7 +23,7 @@ import dpsql
 from dpsql.local import CategoryReports, FrequencyOracle, ReportError, choose_oracle, perturb_category
 from dpsql.local._common import ONE
 from dpsql.local.frequency import HASH_PRIME
-from dpsql.mechanisms import SeededRandom
+from dpsql.noise import SeededRandom
 
 Z_MEAN = 4.0
 VARIANCE_TAIL = 1e-5

@@ -24,7 +24,7 @@ from scipy import stats
 
 import dpsql
 from dpsql.local import ReportError, Reporter, Reports, ReportStore, Shuffler, amplified_epsilon
-from dpsql.mechanisms import SeededRandom
+from dpsql.noise import SeededRandom
 from dpsql.policy import check_against_schema, parse_policy
 
 HEAD = """

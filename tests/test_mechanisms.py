@@ -1,4 +1,4 @@
-"""Tests for dpsql.mechanisms: exact samplers, their calibration, and the noise contract.
+"""Tests for dpsql.noise: exact samplers, their calibration, and the noise contract.
 
 Statistical tests compare samples with distributions computed here, independently of the
 module (closed forms for the discrete Laplace, summed pmfs for the discrete Gaussian).
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from scipy import optimize, stats
 
 from dpsql.errors import InternalError
-from dpsql.mechanisms import (
+from dpsql.noise import (
     DISCRETE_VARIANCE_MARGIN,
     DiscreteGaussian,
     DiscreteLaplace,
@@ -412,7 +412,7 @@ def test_samplers_refuse_bad_parameters() -> None:
 
 @pytest.mark.attack
 def test_laplace_sampler_handles_the_rare_huge_geometric_count() -> None:
-    from dpsql.mechanisms import _laplace_magnitude
+    from dpsql.noise.samplers import _laplace_magnitude
 
     t, s = 2**61 + 3, 8
     u, v = np.array([5, t - 1]), np.array([1, 3])  # t * 3 overflows int64
@@ -422,7 +422,7 @@ def test_laplace_sampler_handles_the_rare_huge_geometric_count() -> None:
 
 
 def test_gaussian_exponent_is_exact_beyond_int64_squares() -> None:
-    from dpsql.mechanisms import _gaussian_exponent
+    from dpsql.noise.samplers import _gaussian_exponent
 
     y = np.array([5, -(4 * 10**9), 2**62])
     whole, rem = _gaussian_exponent(y, 7, 2 * 3 * 7)

@@ -1,4 +1,4 @@
-"""Tests for dpsql.pld: the queries-per-budget figure, soundness against exact formulas,
+"""Tests for dpsql.privacy.pld: the queries-per-budget figure, soundness against exact formulas,
 the fallback for unknown mechanisms, speed, trade-off curves and ``dpsql budget --plot``."""
 
 from __future__ import annotations
@@ -15,24 +15,21 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 import dpsql
-from dpsql.accounting import BasicAccountant, Charge, Ledger
-from dpsql.calibrate import MeasurementSpec, calibrate
+from dpsql.privacy import BasicAccountant, Charge, Ledger
+from dpsql.analyze.calibrate import MeasurementSpec, calibrate
 from dpsql.cli import main
 from dpsql.demo import make_demo_database
 from dpsql.errors import BudgetExceeded, Error
-from dpsql.mechanisms import gdp_delta, gdp_mu
-from dpsql.pld import (
+from dpsql.noise import gdp_delta, gdp_mu
+from dpsql.privacy.pld import (
     PLDAccountant,
     PrivacyEvent,
     epsilon_for_delta,
     gdp_epsilon,
     privacy_events,
     rr_epsilon,
-    spent_tradeoff,
-    tradeoff_eps_delta,
-    tradeoff_gdp,
-    tradeoff_pld,
 )
+from dpsql.privacy.tradeoff import spent_tradeoff, tradeoff_eps_delta, tradeoff_gdp, tradeoff_pld
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_POLICY = ROOT / "policies" / "demo.toml"
@@ -385,7 +382,7 @@ def test_budget_plot_without_matplotlib_is_a_clear_error(tmp_path: Path, capsys:
     ledger = charged_ledger(tmp_path / "ledger.sqlite", [query_charge(0.1, 1e-8)])
     assert budget_command(DEMO_POLICY, ledger, "--plot", str(tmp_path / "x.png")) == 1
     assert "pip install 'dpsql[plot]'" in capsys.readouterr().err
-    from dpsql.pld import plot_tradeoff
+    from dpsql.privacy.tradeoff import plot_tradeoff
 
     with Ledger(ledger) as book:
         status = book.status("alice", Budget(10.0, 1e-5))

@@ -15,7 +15,7 @@ import pytest
 import sqlglot.expressions as exp
 
 import dpsql
-from dpsql.cache import ANSWERS_SUFFIX, REPEAT_NOTE, normalise_sql
+from dpsql.repeats import ANSWERS_SUFFIX, REPEAT_NOTE, normalise_sql
 from dpsql.engine import DuckDBEngine
 from dpsql.policy import Policy, parse_policy
 
@@ -176,7 +176,7 @@ def test_a_file_changed_between_connections_is_answered_afresh(db_file: Path, tm
 def test_a_policy_change_invalidates_but_a_budget_change_does_not(memory: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
     ledger = dpsql.Ledger(tmp_path / "budget.sqlite")
     answers = tmp_path / "answers.sqlite"
-    from dpsql.cache import RepeatCache
+    from dpsql.repeats import RepeatCache
     from dpsql.connection import Connection
     from dpsql.engine import DuckDBEngine as Engine
 

@@ -42,7 +42,7 @@ import sqlglot.expressions as exp
 from scipy import optimize, stats
 
 import dpsql
-from dpsql.mechanisms import DiscreteGaussian, DiscreteLaplace, SeededRandom, gdp_mu
+from dpsql.noise import DiscreteGaussian, DiscreteLaplace, SeededRandom, gdp_mu
 from dpsql.plan import Measurement, QueryPlan
 from dpsql.policy import Policy
 from dpsql.rewrite import bounded_query

@@ -1,7 +1,7 @@
 """Totality (issue 12, item 2): no accepted query raises in the engine, on any value.
 
 A query that fails in the engine on one person's row and not on others is an exact,
-uncharged membership oracle. :mod:`dpsql.predicates` makes every accepted expression total;
+uncharged membership oracle. :mod:`dpsql.analyze.predicates` makes every accepted expression total;
 this suite checks it end to end through ``Connection.execute`` over tables holding the
 extreme values of every supported type (``tests/totality_cases.py``): each generated query
 is either refused at planning with a :class:`dpsql.Error`, or answered. Never a raw engine
@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import dpsql
-from dpsql.mechanisms import SeededRandom
+from dpsql.noise import SeededRandom
 from dpsql.policy import parse_policy
 
 from totality_cases import POLICY, make_tables, queries

@@ -1,4 +1,4 @@
-"""Tests for dpsql.udf: registration, sample-and-aggregate, PTR, smooth sensitivity, strategy.
+"""Tests for dpsql.release.udf: registration, sample-and-aggregate, PTR, smooth sensitivity, strategy.
 
 Statistical tests draw from ``SeededRandom`` (reproducible: a seed passes or fails for
 ever) and compare with distributions computed here from closed forms; each threshold is
@@ -21,8 +21,8 @@ import pytest
 from scipy import stats
 
 from dpsql.errors import QueryRejected
-from dpsql.mechanisms import SeededRandom, laplace_noise
-from dpsql.udf import (
+from dpsql.noise import SeededRandom, laplace_noise
+from dpsql.release.udf import (
     QuantileSpec,
     UDFRelease,
     assign_blocks,
@@ -37,7 +37,7 @@ from dpsql.udf import (
     smooth_udf,
     validate_udf,
 )
-from dpsql.udf.ptr import (
+from dpsql.release.udf.ptr import (
     prepare_values,
     ptr_threshold,
     quantile_rank,
@@ -45,7 +45,7 @@ from dpsql.udf.ptr import (
     quantile_value,
     refusal_probability,
 )
-from dpsql.udf.smooth import quantile_smooth_sensitivity, smooth_parameters, smooth_sensitivity
+from dpsql.release.udf.smooth import quantile_smooth_sensitivity, smooth_parameters, smooth_sensitivity
 
 #: Binomial tests pass when p > P_MIN (false failure 1e-4 each, fixed by the seed).
 P_MIN = 1e-4

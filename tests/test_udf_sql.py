@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import dpsql
-from dpsql.mechanisms import SeededRandom
+from dpsql.noise import SeededRandom
 from dpsql.policy import parse_policy
 
 POLICY = """

@@ -4,7 +4,7 @@ Shared by ``tests/test_totality.py`` (CI: a derandomized few hundred queries thr
 ``Connection.execute``) and ``tests/attacks/test_totality_full.py`` (the attack battery:
 10,000 and more, planned through the public API and run as bounded SQL on the engine).
 
-The claim under test (issue 12, item 1; :mod:`dpsql.predicates`): every expression dpsql
+The claim under test (issue 12, item 1; :mod:`dpsql.analyze.predicates`): every expression dpsql
 accepts is total, so **no accepted query raises in the engine**, whatever values of the
 declared column types the data holds. The tables hold those values: the minimum and
 maximum of every integer width, signed and unsigned; HUGEINT and UHUGEINT extremes;

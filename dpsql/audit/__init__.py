@@ -32,12 +32,12 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from dpsql.accounting import Ledger
+from dpsql.privacy import Ledger
 from dpsql.audit.neighbour import AUDIT_KEY_PREFIX, neighbour_database
 from dpsql.audit.stats import TOTAL, Bound, is_number, lower_bound
 from dpsql.connection import Connection, connect
 from dpsql.errors import BudgetExceeded, Error
-from dpsql.mechanisms import DiscreteGaussian, gdp_mu
+from dpsql.noise import DiscreteGaussian, gdp_mu
 from dpsql.plan import QueryPlan
 from dpsql.policy import Budget, Policy, load_policy
 

@@ -1,7 +1,7 @@
 """What the local-DP modules share: their error, exact Bernoulli draws, permutations.
 
-Randomness comes from a :class:`~dpsql.mechanisms.RandomSource`: the operating system's
-CSPRNG (:data:`~dpsql.mechanisms.default_source`) unless a test passes a seeded one.
+Randomness comes from a :class:`~dpsql.noise.RandomSource`: the operating system's
+CSPRNG (:data:`~dpsql.noise.default_source`) unless a test passes a seeded one.
 
 A probability ``p`` is drawn as ``U < t`` with ``U`` uniform on the 53-bit integers and
 ``t`` an integer threshold, so the probability actually used is ``t / 2**53``. Callers
@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.errors import Error
-from dpsql.mechanisms import RandomSource, default_source
+from dpsql.noise import RandomSource, default_source
 
 __all__ = ["ONE", "ReportError", "bernoulli", "check_epsilon", "exact_threshold", "permutation",
            "source_or_default", "threshold"]

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.local._common import ONE, ReportError, bernoulli, check_epsilon, exact_threshold, source_or_default
-from dpsql.mechanisms import RandomSource, uniform_below
+from dpsql.noise import RandomSource, uniform_below
 
 __all__ = ["CategoryReports", "CountEstimate", "FrequencyOracle", "choose_oracle", "perturb_category"]
 

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.local._common import ReportError, bernoulli, check_epsilon, exact_threshold, source_or_default, threshold
-from dpsql.mechanisms import RandomSource
+from dpsql.noise import RandomSource
 
 __all__ = ["AdaptiveRange", "perturb"]
 
@@ -142,7 +142,7 @@ def perturb(values: npt.ArrayLike, lower: float, upper: float, epsilon: float, *
         upper: The upper end of the range (``c + r``).
         epsilon: The privacy parameter of each report (each value is one report).
         nan: ``"raise"`` (the default) refuses NaN; ``"center"`` reports NaN as the centre.
-        source: A seeded :class:`~dpsql.mechanisms.RandomSource`, for unit tests only; by
+        source: A seeded :class:`~dpsql.noise.RandomSource`, for unit tests only; by
             default the operating system's CSPRNG.
 
     Returns:

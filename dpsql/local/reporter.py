@@ -25,7 +25,7 @@ from dpsql.local._common import ReportError
 from dpsql.local.frequency import FrequencyOracle, categories_digest, choose_oracle, perturb_category
 from dpsql.local.ranges import AdaptiveRange
 from dpsql.local.reports import Reports
-from dpsql.mechanisms import RandomSource
+from dpsql.noise import RandomSource
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, load_policy
 
 __all__ = ["ColumnMechanism", "Reporter", "mechanisms_for"]

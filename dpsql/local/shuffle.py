@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from dpsql.local._common import ReportError, permutation, source_or_default
 from dpsql.local.reports import Reports
-from dpsql.mechanisms import RandomSource
+from dpsql.noise import RandomSource
 
 __all__ = ["Batch", "Shuffler", "amplified_epsilon"]
 

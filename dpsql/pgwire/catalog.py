@@ -27,14 +27,14 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-import dpsql
+from dpsql.version import __version__
 from dpsql.errors import Error, QueryRejected
 from dpsql.policy import ColumnPolicy, Policy
 
 __all__ = ["CATALOG_SCHEMAS", "Catalog", "SERVER_VERSION", "is_catalog_relation"]
 
 SERVER_VERSION = "15.0"
-VERSION_TEXT = f"PostgreSQL {SERVER_VERSION} (dpsql {dpsql.__version__}, differentially private; answers are noisy)"
+VERSION_TEXT = f"PostgreSQL {SERVER_VERSION} (dpsql {__version__}, differentially private; answers are noisy)"
 DATABASE = "dpsql"
 SCHEMA = "public"
 TIMEOUT_SECONDS = 2.0

@@ -18,14 +18,13 @@ import struct
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-import dpsql
 from dpsql import errors
 from dpsql.errors import AuthenticationError, Error
 from dpsql.pgwire import catalog as cat
@@ -34,7 +33,6 @@ from dpsql.pgwire import statements as st
 from dpsql.pgwire.scram import FAILED, ScramExchange
 
 if TYPE_CHECKING:
-    from dpsql.pgwire.listener import PgServer
     from dpsql.result import Result
 
 log = logging.getLogger("dpsql.server.pg")
@@ -77,6 +75,21 @@ _TRANSACTION_TAGS = {"BEGIN": "BEGIN", "START": "START TRANSACTION", "COMMIT": "
                      "ROLLBACK": "ROLLBACK", "ABORT": "ROLLBACK", "SAVEPOINT": "SAVEPOINT", "RELEASE": "RELEASE"}
 
 
+
+class Host(Protocol):
+    """What a session reads of the server that accepted it (:class:`~dpsql.pgwire.PgServer`)."""
+
+    service: Any
+    catalog: Any
+    verifier: Any
+    scram: Any
+    tls: Any
+    pg: Any
+    idle_timeout: float
+    auth_floor_seconds: float
+    stopping: Any
+
+
 class Refusal(Error):
     """A refusal the session makes itself, with its SQLSTATE."""
 
@@ -112,7 +125,7 @@ class Portal:
 class Session:
     """The protocol state machine of one client."""
 
-    def __init__(self, sock: socket.socket, server: PgServer, peer: str) -> None:
+    def __init__(self, sock: socket.socket, server: Host, peer: str) -> None:
         self.sock = sock
         self.server = server
         self.peer = peer

@@ -66,7 +66,7 @@ DELTA = 1e-5
 
 def independent_mu(epsilon: float, delta: float) -> float:
     """The GDP mu with delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Dong,
-    Roth, Su 2019), by scipy's root finder, independently of dpsql.mechanisms."""
+    Roth, Su 2019), by scipy's root finder, independently of dpsql.noise."""
     def excess(log_mu: float) -> float:
         mu = math.exp(log_mu)
         return float(stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2) - delta)

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from dpsql.mechanisms import gdp_mu
+from dpsql.noise import gdp_mu
 from dpsql.rewrite import bounded_query
 
 from attack_helpers import assert_neighbour_bounded, connect, make_db, measurement_for, policy, unit_values

@@ -24,7 +24,7 @@ import dpsql
 from dpsql import auth
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import BudgetExceeded, QueryFailed
-from dpsql.server import RateLimiter, Service
+from dpsql.service import RateLimiter, Service
 from dpsql.timing import Timing, TimingModel, coarse_rows
 
 from attack_helpers import connect, make_db, policy
@@ -305,7 +305,7 @@ def test_the_rate_limit_is_set_in_the_policy() -> None:
 def test_the_server_releases_new_answers_at_the_deadline_and_repeats_at_once(
     neighbours: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from dpsql.server import server_timing
+    from dpsql.service import server_timing
 
     pinned = policy(TABLES + "\n[server]\ndeadline_ms = 300\n")
     engine = DuckDBEngine(neighbours[1])
@@ -327,7 +327,7 @@ def test_the_server_releases_new_answers_at_the_deadline_and_repeats_at_once(
 
 
 def test_the_speed_model_can_be_pinned_in_the_policy() -> None:
-    from dpsql.server import server_timing
+    from dpsql.service import server_timing
 
     pinned = policy(TABLES + "\n[server]\ndeadline_base_ms = 20\ndeadline_ms_per_million_rows = 500\n")
     con = duckdb.connect()

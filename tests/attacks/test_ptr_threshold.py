@@ -7,7 +7,7 @@ adversary builds datasets exactly at D = 0, D = T - 1 and D = T and counts how o
 releases, looking for an off-by-one (``>`` for ``>=``, T one too small) or a test noise of
 the wrong scale.
 
-Theory, computed here independently of dpsql.udf.ptr: the test gets epsilon / 2; its noise
+Theory, computed here independently of dpsql.release.udf.ptr: the test gets epsilon / 2; its noise
 is discrete Laplace with P(Z = z) proportional to p^|z|, p = exp(-epsilon / 2); so
 P(Z >= m) = p^m / (1 + p) for m >= 1 and P(Z >= -m) = 1 - p^(m+1) / (1 + p) for m >= 0.
 T is the smallest integer >= ln(1/delta) / (epsilon / 2) with P(Z >= T) <= delta. PTR
@@ -30,7 +30,7 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql.udf import ptr_quantile
+from dpsql.release.udf import ptr_quantile
 
 from attack_helpers import connect, make_db, policy
 

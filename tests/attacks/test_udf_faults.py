@@ -170,7 +170,7 @@ def test_a_faulty_function_under_ptr_gets_the_midpoint(conn) -> None:  # type: i
 
 
 def test_registration_refuses_what_cannot_be_bounded() -> None:
-    from dpsql.udf import validate_udf
+    from dpsql.release.udf import validate_udf
 
     for kwargs in ({"bounds": (0, math.inf)}, {"bounds": (math.nan, 1)}, {"bounds": (5, 5)}, {}):
         with pytest.raises(dpsql.QueryRejected):

@@ -30,7 +30,7 @@ The ledger asks its :class:`Accountant` to compose all of an analyst's stored ch
 the new one *at the budget's delta* (``compose(events, target_delta=budget.delta)``), and
 grants the charge if the composed epsilon is at most the budget's epsilon and the composed
 delta at most its delta. :class:`BasicAccountant` (epsilons add, deltas add) composes in
-integer units, exactly, and ignores the target. :class:`dpsql.pld.PLDAccountant` (``"pld"``,
+integer units, exactly, and ignores the target. :class:`dpsql.privacy.pld.PLDAccountant` (``"pld"``,
 see :func:`accountant_named`) composes privacy loss distributions built from each
 :class:`Charge`'s ``mechanisms`` and answers the smallest epsilon at the target delta; its
 float result is rounded up to units. The ledger records every charge's own (epsilon,
@@ -43,7 +43,7 @@ accountant's name, the Gaussian-DP ``mu`` when every measurement spent was Gauss
 :meth:`BudgetStatus.group_privacy` for groups of units.
 
 Example:
-    >>> from dpsql.accounting import Charge, Ledger
+    >>> from dpsql.privacy import Charge, Ledger
     >>> from types import SimpleNamespace
     >>> budget = SimpleNamespace(epsilon=1.0, delta=1e-6)
     >>> with Ledger() as ledger:
@@ -55,8 +55,6 @@ Example:
 from __future__ import annotations
 
 import json
-import math
-import numbers
 import os
 import random
 import sqlite3
@@ -64,35 +62,40 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from fractions import Fraction
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple
 
-from dpsql.errors import BudgetExceeded, Error, InternalError
+from dpsql.errors import BudgetExceeded, Error
+from dpsql.privacy.accountants import (
+    Accountant,
+    BasicAccountant,
+    UnitAccountant,
+    _combine_mu_parts,
+    _mu_part,
+    accountant_named,
+)
+from dpsql.privacy.charges import (
+    DELTA_UNITS_PER_ONE,
+    EPSILON_UNITS_PER_ONE,
+    BudgetLike,
+    BudgetStatus,
+    Charge,
+    ChargeRecord,
+    _check_amount,
+    _format_amount,
+    _mechanisms_json,
+    budget_units,
+    charge_units,
+    delta_to_units_up,
+    epsilon_to_units_up,
+    units_to_delta,
+    units_to_epsilon,
+)
 
-__all__ = [
-    "DELTA_UNITS_PER_ONE",
-    "EPSILON_UNITS_PER_ONE",
-    "Accountant",
-    "BasicAccountant",
-    "BudgetLike",
-    "BudgetStatus",
-    "Charge",
-    "ChargeRecord",
-    "GroupPrivacy",
-    "Ledger",
-    "UnitAccountant",
-    "accountant_named",
-    "gaussian_mu",
-]
-
-EPSILON_UNITS_PER_ONE = 10**12
-DELTA_UNITS_PER_ONE = 10**18
+__all__ = ["Ledger"]
 SCHEMA_VERSION = 1
 LEDGER_FORMAT = "dpsql-ledger"
 BUSY_TIMEOUT_MS = 30_000
-_MAX_SQLITE_INTEGER = 2**63 - 1
 
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -108,373 +111,6 @@ _SCHEMA = (
     "CREATE INDEX events_by_analyst ON events (analyst, id)",
 )
 
-
-# ---------------------------------------------------------------------------------------
-# Values
-# ---------------------------------------------------------------------------------------
-
-
-class BudgetLike(Protocol):
-    """Anything with a total ``epsilon`` and ``delta``, such as ``dpsql.policy.Budget``."""
-
-    @property
-    def epsilon(self) -> float: ...
-
-    @property
-    def delta(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class Charge:
-    """What one query costs: its (epsilon, delta), its SQL and the mechanisms it released.
-
-    Attributes:
-        epsilon: The epsilon the query spends; finite and at least 0.
-        delta: The delta the query spends; between 0 and 1.
-        query: The analyst's SQL text.
-        mechanisms: A JSON-able description of each measurement, for example
-            ``{"mechanism": "laplace", "epsilon": 0.5, "delta": 0.0, "scale": 2.0,
-            "sensitivity": 1.0}``. A tight accountant composes from these.
-
-    Raises:
-        InternalError: If an amount is negative, NaN, infinite or not a number, or a
-            mechanism is not a JSON-able dict. The pipeline never asks for such a charge.
-
-    Example:
-        >>> Charge(0.5, 0.0, "SELECT COUNT(*) FROM t").epsilon
-        0.5
-    """
-
-    epsilon: float
-    delta: float
-    query: str
-    mechanisms: tuple[dict[str, Any], ...] = field(default=())
-
-    def __post_init__(self) -> None:
-        _check_amount("epsilon", self.epsilon)
-        _check_amount("delta", self.delta, upper=1.0)
-        if not isinstance(self.query, str):
-            raise InternalError(f"Charge query must be str, got {type(self.query).__name__}. "
-                                "This is probably a bug in dpsql.")
-        object.__setattr__(self, "mechanisms", tuple(self.mechanisms))
-        _mechanisms_json(self.mechanisms)
-
-
-@dataclass(frozen=True)
-class ChargeRecord:
-    """A charge as stored in the ledger.
-
-    ``epsilon`` and ``delta`` are the amounts actually charged: the requested ones rounded
-    up to whole units (see the module docstring).
-    """
-
-    id: int
-    analyst: str
-    time: float
-    query: str
-    epsilon: float
-    delta: float
-    mechanisms: tuple[dict[str, Any], ...]
-
-    def to_charge(self) -> Charge:
-        """Return the record as a :class:`Charge`, for an accountant to compose."""
-        return Charge(self.epsilon, self.delta, self.query, self.mechanisms)
-
-
-@dataclass(frozen=True)
-class GroupPrivacy:
-    """The guarantee for a group of ``units`` privacy units (see :meth:`BudgetStatus.group_privacy`).
-
-    Attributes:
-        units: The group size k.
-        epsilon: ``k * epsilon``.
-        delta: ``k * exp((k - 1) * epsilon) * delta``.
-        mu: ``k * mu`` when the spending is mu-GDP, else None.
-    """
-
-    units: int
-    epsilon: float
-    delta: float
-    mu: float | None = None
-
-
-@dataclass(frozen=True)
-class BudgetStatus:
-    """How much of an analyst's budget is spent and how much remains.
-
-    ``epsilon_spent`` and ``delta_spent`` are the accountant's composition of every charge
-    (for ``pld``: the smallest epsilon at the budget's delta, with that delta, unless basic
-    composition is as good). Remaining amounts are ``max(0, total - spent)``, computed in
-    whole units.
-
-    Attributes:
-        accountant: The name of the accountant that composed the spending.
-        mu: The Gaussian-DP mu of everything spent, ``sqrt(sum mu_i^2)`` over every
-            measurement, when every measurement was Gaussian; None otherwise (or when
-            nothing was spent).
-    """
-
-    analyst: str
-    epsilon_spent: float
-    delta_spent: float
-    epsilon_total: float
-    delta_total: float
-    epsilon_remaining: float
-    delta_remaining: float
-    queries: int
-    accountant: str = "basic"
-    mu: float | None = None
-
-    def group_privacy(self, units: int) -> GroupPrivacy:
-        """The guarantee the spending gives a group of ``units`` privacy units.
-
-        From the spent (epsilon, delta): ``(k epsilon, k e^((k-1) epsilon) delta)`` (group
-        privacy of approximate DP, e.g. Vadhan 2017, Lemma 2.2; for pure DP this is
-        ``k epsilon``); and, when the spending is mu-GDP, ``k mu``-GDP (Dong, Roth and Su
-        2019, Theorem 2.14).
-
-        Raises:
-            Error: If ``units`` is not a positive integer.
-
-        >>> status = BudgetStatus("a", 0.5, 1e-7, 1.0, 1e-6, 0.5, 9e-7, 3, mu=0.2)
-        >>> group = status.group_privacy(2)   # delta: 2 e^0.5 1e-7
-        >>> group.epsilon, f"{group.delta:.3g}", group.mu
-        (1.0, '3.3e-07', 0.4)
-        """
-        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
-            raise Error(f"group_privacy needs a positive whole number of units, got {units!r}.")
-        epsilon = units * self.epsilon_spent
-        delta = 0.0
-        if self.delta_spent > 0:
-            exponent = (units - 1) * self.epsilon_spent
-            delta = 1.0 if exponent > 700 else min(1.0, units * math.exp(exponent) * self.delta_spent)
-        mu = None if self.mu is None else units * self.mu
-        return GroupPrivacy(units, epsilon, delta, mu)
-
-
-# ---------------------------------------------------------------------------------------
-# Accountants
-# ---------------------------------------------------------------------------------------
-
-
-class Accountant(Protocol):
-    """Composes a sequence of charges into one (epsilon, delta) guarantee."""
-
-    name: str
-
-    def compose(self, events: Sequence[Charge],
-                target_delta: float | None = None) -> tuple[float, float]:
-        """Return an (epsilon, delta) guarantee for all ``events`` together.
-
-        With ``target_delta``, the smallest epsilon the accountant can certify with a
-        delta of at most ``target_delta``; an accountant that cannot meet the target (basic
-        composition ignores it) returns its own guarantee, and the ledger then checks
-        both amounts against the budget.
-        """
-        ...
-
-
-@runtime_checkable
-class UnitAccountant(Protocol):
-    """An accountant that can also compose exactly in integer units.
-
-    The ledger prefers :meth:`compose_units` when an accountant has it, so the budget check
-    involves no floating point at all.
-    """
-
-    name: str
-
-    def compose(self, events: Sequence[Charge],
-                target_delta: float | None = None) -> tuple[float, float]:
-        """Return the (epsilon, delta) that all ``events`` together cost."""
-        ...
-
-    def compose_units(self, amounts: Sequence[tuple[int, int]]) -> tuple[int, int]:
-        """Return the composed (epsilon_units, delta_units) of integer-unit amounts."""
-        ...
-
-
-class BasicAccountant:
-    """Basic composition: epsilons add and deltas add.
-
-    Example:
-        >>> BasicAccountant().compose([Charge(0.1, 0.0, "q")] * 10)
-        (1.0, 0.0)
-    """
-
-    name = "basic"
-
-    def compose(self, events: Sequence[Charge],
-                target_delta: float | None = None) -> tuple[float, float]:
-        """Return the sums of the epsilons and deltas, each rounded up to whole units.
-
-        ``target_delta`` is ignored: basic composition has one answer.
-        """
-        amounts = [charge_units(event) for event in events]
-        epsilon_units, delta_units = self.compose_units(amounts)
-        return units_to_epsilon(epsilon_units), units_to_delta(delta_units)
-
-    def compose_units(self, amounts: Sequence[tuple[int, int]]) -> tuple[int, int]:
-        """Return the exact sums of integer-unit amounts."""
-        return sum(a[0] for a in amounts), sum(a[1] for a in amounts)
-
-
-#: The accountants a policy may name (``[privacy] accountant = ...``).
-ACCOUNTANT_NAMES = ("basic", "pld")
-
-
-def accountant_named(name: str) -> Accountant:
-    """A new accountant by its policy name: ``"basic"`` or ``"pld"``.
-
-    ``"pld"`` imports :mod:`dpsql.pld` (and the dp-accounting package) only when asked.
-
-    Raises:
-        Error: If the name is unknown.
-
-    >>> accountant_named("basic").name, accountant_named("pld").name
-    ('basic', 'pld')
-    """
-    if name == "basic":
-        return BasicAccountant()
-    if name == "pld":
-        from dpsql.pld import PLDAccountant  # noqa: PLC0415 - dp-accounting loads slowly
-
-        return PLDAccountant()
-    raise Error(f"Unknown accountant {name!r}; use one of "
-                f"{', '.join(repr(n) for n in ACCOUNTANT_NAMES)}.")
-
-
-def gaussian_mu(events: Sequence[Charge]) -> float | None:
-    """The Gaussian-DP mu of ``events`` if every measurement is Gaussian, else None.
-
-    GDP composes exactly: the result is ``sqrt(sum mu_i^2)`` over every measurement of
-    every charge. Charges that cost nothing and describe nothing are skipped; with nothing
-    left, the result is None.
-
-    >>> g = {"mechanism": "gaussian", "mu": 0.3}
-    >>> round(gaussian_mu([Charge(1.0, 1e-6, "q", (g,)), Charge(1.0, 1e-6, "q", (g, g))]), 4)
-    0.5196
-    >>> gaussian_mu([Charge(1.0, 0.0, "q", ({"mechanism": "laplace", "epsilon": 1.0},))])
-    """
-    return _combine_mu_parts([_mu_part(event) for event in events])
-
-
-def _mu_part(charge: Charge) -> tuple[float, int] | None:
-    """A charge's (sum of mu^2, number of measurements), or None if one is not Gaussian.
-
-    A charge that costs nothing and describes nothing is ``(0.0, 0)``."""
-    if not charge.mechanisms:
-        return (0.0, 0) if charge.epsilon == 0 and charge.delta == 0 else None
-    squares = []
-    for mechanism in charge.mechanisms:
-        mu = mechanism.get("mu") if mechanism.get("mechanism") == "gaussian" else None
-        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 < mu < math.inf:
-            return None
-        squares.append(float(mu) ** 2)
-    return math.fsum(squares), len(squares)
-
-
-def _combine_mu_parts(parts: Sequence[tuple[float, int] | None]) -> float | None:
-    """``sqrt`` of all the squares, or None if a part is None or there are no measurements."""
-    if any(part is None for part in parts):
-        return None
-    known = [part for part in parts if part is not None]
-    if not any(count for _, count in known):
-        return None
-    return math.sqrt(math.fsum(squares for squares, _ in known))
-
-
-# ---------------------------------------------------------------------------------------
-# Units
-# ---------------------------------------------------------------------------------------
-
-
-def _check_amount(name: str, value: object, upper: float | None = None) -> None:
-    """Raise InternalError unless ``value`` is a finite real in ``[0, upper]``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InternalError(f"{name} must be a number, got {value!r}. "
-                            "This is probably a bug in dpsql.")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or (upper is not None and number > upper):
-        bound = f"between 0 and {upper:g}" if upper is not None else "finite and at least 0"
-        raise InternalError(f"{name} must be {bound}, got {value!r}. "
-                            "This is probably a bug in dpsql.")
-
-
-def _decimal(value: float) -> Fraction:
-    """Return the shortest decimal that rounds to ``value``, as an exact fraction."""
-    return Fraction(repr(float(value)))
-
-
-def epsilon_to_units_up(epsilon: float) -> int:
-    """Convert an epsilon to whole units of 1e-12, rounding up.
-
-    >>> epsilon_to_units_up(0.1), epsilon_to_units_up(1e-13)
-    (100000000000, 1)
-    """
-    return math.ceil(_decimal(epsilon) * EPSILON_UNITS_PER_ONE)
-
-
-def delta_to_units_up(delta: float) -> int:
-    """Convert a delta to whole units of 1e-18, rounding up.
-
-    >>> delta_to_units_up(1e-5)
-    10000000000000
-    """
-    return math.ceil(_decimal(delta) * DELTA_UNITS_PER_ONE)
-
-
-def units_to_epsilon(units: int) -> float:
-    """Convert epsilon units back to the nearest float."""
-    return float(Fraction(units, EPSILON_UNITS_PER_ONE))
-
-
-def units_to_delta(units: int) -> float:
-    """Convert delta units back to the nearest float."""
-    return float(Fraction(units, DELTA_UNITS_PER_ONE))
-
-
-def charge_units(charge: Charge) -> tuple[int, int]:
-    """Return a charge's (epsilon_units, delta_units), each rounded up.
-
-    Raises:
-        InternalError: If the epsilon is too large to store (above about 9.2 million).
-    """
-    units = epsilon_to_units_up(charge.epsilon), delta_to_units_up(charge.delta)
-    if units[0] > _MAX_SQLITE_INTEGER:
-        raise InternalError(f"epsilon={charge.epsilon!r} is too large to record. "
-                            "This is probably a bug in dpsql.")
-    return units
-
-
-def budget_units(budget: BudgetLike) -> tuple[int, int]:
-    """Return a budget's total (epsilon_units, delta_units), each rounded down.
-
-    Raises:
-        InternalError: If a total is negative, NaN, infinite or not a number.
-    """
-    _check_amount("budget epsilon", budget.epsilon)
-    _check_amount("budget delta", budget.delta, upper=1.0)
-    epsilon = math.floor(_decimal(budget.epsilon) * EPSILON_UNITS_PER_ONE)
-    delta = math.floor(_decimal(budget.delta) * DELTA_UNITS_PER_ONE)
-    return epsilon, delta
-
-
-def _mechanisms_json(mechanisms: tuple[dict[str, Any], ...]) -> str:
-    """Serialize mechanism descriptions, raising InternalError if they are not JSON-able."""
-    if not all(isinstance(m, dict) for m in mechanisms):
-        raise InternalError(f"Charge mechanisms must be dicts, got {mechanisms!r}. "
-                            "This is probably a bug in dpsql.")
-    try:
-        return json.dumps(list(mechanisms), sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise InternalError(f"Charge mechanisms are not JSON-able ({exc}). "
-                            "This is probably a bug in dpsql.") from exc
-
-
-def _format_amount(value: float) -> str:
-    """Format an amount for a message: ``0``, ``0.3``, ``1e-05``."""
-    return "0" if value == 0 else repr(value)
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ The bounded values come from :func:`dpsql.rewrite.value_query`; here each group 
 
 1. a noisy count of its units (discrete Laplace, sensitivity 1, ``COUNT_SHARE`` of the
    release's epsilon): the only size the strategy and the block count may depend on;
-2. the strategy (:func:`dpsql.udf.choose_strategy`): PTR or smooth sensitivity when a
+2. the strategy (:func:`dpsql.release.udf.choose_strategy`): PTR or smooth sensitivity when a
    local sensitivity is known and delta > 0, sample-and-aggregate otherwise;
 3. the mechanism's release: a value clamped into the bounds, or PTR's refusal (NULL,
    charged all the same).
@@ -18,9 +18,9 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from dpsql.mechanisms import RandomSource, laplace_noise
+from dpsql.noise import RandomSource, laplace_noise
 from dpsql.plan import ValueRelease
-from dpsql.udf import (
+from dpsql.release.udf import (
     UDF,
     QuantileSpec,
     UDFRelease,

@@ -56,9 +56,9 @@ import duckdb
 import sqlglot.expressions as exp
 
 from dpsql import sqltypes
+from dpsql.analyze.parse import reject
 from dpsql.errors import PolicyError
 from dpsql.policy import ColumnPolicy
-from dpsql.sqlcheck import reject
 from dpsql.sqltypes import Operand, SqlType
 
 __all__ = [

@@ -15,7 +15,7 @@ Strategy rule (DESIGN §5):
   a delta);
 - otherwise PTR or smooth sensitivity, whichever has the smaller modelled mean absolute
   error on evenly spread data of the estimated size (see ``expected_error`` in
-  :mod:`dpsql.udf.ptr` and :mod:`dpsql.udf.smooth`). Without an analyst's proposal PTR
+  :mod:`dpsql.release.udf.ptr` and :mod:`dpsql.release.udf.smooth`). Without an analyst's proposal PTR
   must hedge against refusal and spends half its budget on the test, so on that model
   smooth sensitivity always wins (its error is about ``ln(2/delta) / (e ln(1/delta))``,
   some 0.4, of PTR's). An analyst's proposal is taken at its word (noise ``2 b / eps``),
@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
 from dpsql.errors import QueryRejected
-from dpsql.udf import ptr, smooth
-from dpsql.udf._release import FloatArray, check_bounds
-from dpsql.udf.sample_and_aggregate import DEFAULT_TIME_LIMIT
+from dpsql.release.udf import ptr, smooth
+from dpsql.release.udf._release import check_bounds
+from dpsql.plan import UDF, QuantileSpec
+from dpsql.release.udf.sample_and_aggregate import DEFAULT_TIME_LIMIT
 
 __all__ = [
     "DPSQL_AGGREGATES",
@@ -48,7 +47,6 @@ __all__ = [
     "validate_udf",
 ]
 
-Strategy = Literal["auto", "ptr", "smooth", "sample_and_aggregate"]
 #: Strategies a registration may ask for.
 STRATEGIES: tuple[str, ...] = ("auto", "ptr", "smooth", "sample_and_aggregate")
 #: Aggregates dpsql itself answers (or refuses by name): a UDF may not shadow them.
@@ -60,52 +58,6 @@ DPSQL_AGGREGATES: frozenset[str] = frozenset({
 })
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MAX_NAME = 63
-
-
-@dataclass(frozen=True)
-class UDF:
-    """A registered function (frozen; build it with :func:`validate_udf`).
-
-    Attributes:
-        name: the SQL name, lower case.
-        fn: takes one block's values (a read-only float64 numpy array), returns a float.
-        bounds: ``(lo, hi)``: answers are clipped into it; a failed block gives the midpoint.
-        local_sensitivity: ``(values, k) -> float``, or None (see :mod:`dpsql.udf.ptr`).
-        strategy: "auto", "ptr", "smooth" or "sample_and_aggregate".
-        time_limit: seconds one sample-and-aggregate block may run.
-    """
-
-    name: str
-    fn: Callable[[FloatArray], object]
-    bounds: tuple[float, float]
-    local_sensitivity: Callable[[FloatArray, int], float] | None = None
-    strategy: Strategy = "auto"
-    time_limit: float = DEFAULT_TIME_LIMIT
-
-    @property
-    def has_local_sensitivity(self) -> bool:
-        return self.local_sensitivity is not None
-
-
-@dataclass(frozen=True)
-class QuantileSpec:
-    """A built-in order statistic: ``QUANTILE_CONT(col, q)``; MEDIAN is ``q = 0.5``.
-
-    >>> QuantileSpec(0.5, (0.0, 100.0)).name
-    'median'
-    """
-
-    q: float
-    bounds: tuple[float, float]
-    strategy: Strategy = "auto"
-
-    @property
-    def name(self) -> str:
-        return "median" if self.q == 0.5 else f"quantile_cont({self.q:g})"
-
-    @property
-    def has_local_sensitivity(self) -> bool:
-        return True
 
 
 def _function_names() -> set[str]:

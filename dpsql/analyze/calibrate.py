@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from dpsql.errors import InternalError, QueryRejected
-from dpsql.mechanisms import gaussian_noise, gdp_mu, laplace_noise
+from dpsql.noise import gaussian_noise, gdp_mu, laplace_noise
 from dpsql.plan import SOURCE_ALIAS, Measurement, MeasurementKind, Selection
 
 __all__ = ["MeasurementSpec", "calibrate", "fixed_point", "partition_selection", "selection_share"]

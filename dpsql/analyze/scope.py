@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
 
+from dpsql.analyze.parse import point_at, reject
+from dpsql.analyze.predicates import join_equality
 from dpsql.errors import PolicyViolation
 from dpsql.plan import SOURCE_ALIAS, Source
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
-from dpsql.predicates import join_equality
-from dpsql.sqlcheck import point_at, reject
 
 __all__ = ["Resolved", "Scope", "build_scope", "resolve"]
 
@@ -299,7 +299,7 @@ def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expressio
 
 def _equalities(scope: Scope, on: exp.Expression) -> tuple[list[tuple[Resolved, Resolved]], list[exp.Expression]]:
     """The column pairs of ``on`` and their equalities, each in the keys' exact common type
-    (:func:`dpsql.predicates.join_equality`: a join on keys of different types must not
+    (:func:`dpsql.analyze.predicates.join_equality`: a join on keys of different types must not
     fail, nor match, on some values only)."""
     conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
     pairs, equalities = [], []

@@ -1,6 +1,6 @@
 """What the UDF mechanisms share: the release record, bounds checks, lattice arithmetic.
 
-Every mechanism in :mod:`dpsql.udf` returns a :class:`UDFRelease`. Its public fields
+Every mechanism in :mod:`dpsql.release.udf` returns a :class:`UDFRelease`. Its public fields
 (``value``, ``refused``, ``reason``, ``parameters``, ``noise_scale``, ``half_width``) depend
 only on the released answer and on public parameters, so they may be shown to the analyst.
 ``diagnostics`` holds data-dependent values (PTR's distance to instability, the smooth
@@ -10,7 +10,7 @@ released, because none of them is differentially private.
 Lattices. A released number is ``(floor(f / gamma) + Z) * gamma`` for a power of two
 ``gamma`` and integer discrete noise ``Z`` (DESIGN §5). Flooring maps two values at most
 ``D`` apart to integers at most ``ceil(D / gamma)`` apart, so a real sensitivity ``D``
-becomes the integer sensitivity ``ceil(D / gamma)`` of :func:`dpsql.mechanisms.laplace_noise`.
+becomes the integer sensitivity ``ceil(D / gamma)`` of :func:`dpsql.noise.laplace_noise`.
 """
 
 from __future__ import annotations

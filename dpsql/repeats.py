@@ -82,7 +82,7 @@ import sqlglot
 
 from dpsql.errors import Error
 from dpsql.policy import Policy
-from dpsql.sqlcheck import DIALECT
+from dpsql.analyze.parse import DIALECT
 
 __all__ = [
     "ANSWERS_SUFFIX",

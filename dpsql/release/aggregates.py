@@ -38,11 +38,11 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from dpsql.calibrate import square_offset
-from dpsql.mechanisms import RandomSource
+from dpsql.analyze.calibrate import square_offset
+from dpsql.noise import RandomSource
 from dpsql.plan import Aggregate, Measurement, QueryPlan, ValueRelease
-from dpsql.udf import UDFRelease
-from dpsql.values import release_values
+from dpsql.release.udf import UDFRelease
+from dpsql.release.values import release_values
 
 __all__ = ["complete_groups", "noisy_schema", "noisy_table", "select_partitions"]
 
@@ -195,7 +195,7 @@ def average_half_width(
         count_value: the count (noisy, or assumed).
         bounds: the column's clipping bounds.
 
-    >>> from dpsql.calibrate import MeasurementSpec, calibrate
+    >>> from dpsql.analyze.calibrate import MeasurementSpec, calibrate
     >>> specs = [MeasurementSpec("s", "sum_centred", "x", (0.0, 100.0)), MeasurementSpec("n", "count_values", "x")]
     >>> s, n = calibrate(specs, epsilon=1.0, delta=0.0, l0=1, max_rows=1)
     >>> [round(float(h), 2) for h in average_half_width(s, n, np.array([0.0, 0.0, 50.0]), np.array([1000.0, 1.0, 1000.0]), (0.0, 100.0))]
@@ -212,8 +212,8 @@ def average_half_width(
         q = half_width(total, 0.975) + m * half_width(count, 0.975)
     denominator = np.asarray(count_value, dtype=np.float64) - count.noise_std / 2
     positive = denominator > 0
-    half_width = np.where(positive, q / np.where(positive, denominator, 1.0), np.inf)
-    return np.minimum(half_width, hi - lo)
+    widths = np.where(positive, q / np.where(positive, denominator, 1.0), np.inf)
+    return np.minimum(widths, hi - lo)
 
 
 def _laplace_scale(m: Measurement) -> float:

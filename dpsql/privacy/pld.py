@@ -9,7 +9,7 @@ Gaussian-DP composition (``benchmarks/bench_accounting.py``).
 
 How a charge becomes events
 ---------------------------
-Each :class:`~dpsql.accounting.Charge` lists its measurements
+Each :class:`~dpsql.privacy.Charge` lists its measurements
 (:meth:`dpsql.plan.Measurement.describe`). Every measurement was calibrated to a
 guarantee, and the accountant composes those guarantees:
 
@@ -24,7 +24,7 @@ guarantee, and the accountant composes those guarantees:
   puts a little more mass on the largest loss), and would not grant more here anyway
   (46 queries of 0.1 in (3, 1e-6) either way).
 * **Gaussian**, ``{"mechanism": "gaussian", "mu": m}``: discrete Gaussian noise calibrated
-  to be m-GDP (:func:`dpsql.mechanisms.gaussian_noise` adds a variance margin for that). A
+  to be m-GDP (:func:`dpsql.noise.gaussian_noise` adds a variance margin for that). A
   charge's Gaussian measurements are folded into one event of
   ``mu = sqrt(sum m_i^2)`` (GDP composes exactly so), whose PLD is the *continuous*
   Gaussian mechanism with ``sigma = 1 / mu`` and sensitivity 1: exactly the mu-GDP curve.
@@ -74,7 +74,7 @@ type II error of the best test between neighbours) at each alpha (its type I err
 :func:`plot_tradeoff` draws what was spent against the budget (``dpsql budget --plot``).
 
 Example:
-    >>> from dpsql.accounting import Charge
+    >>> from dpsql.privacy import Charge
     >>> gaussian = {"mechanism": "gaussian", "mu": 0.1}
     >>> eps, delta = PLDAccountant().compose([Charge(0.5, 1e-6, "q", (gaussian,))] * 4, 1e-6)
     >>> round(eps, 3), delta   # 4 x 0.1-GDP is 0.2-GDP, far below 4 x 0.5
@@ -84,12 +84,10 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
@@ -98,30 +96,23 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy.special import gammaln
 
-from dpsql.accounting import (
-    BudgetStatus,
+from dpsql.errors import InternalError
+from dpsql.noise.gdp import gdp_delta
+from dpsql.privacy.charges import (
     Charge,
     charge_units,
-    gaussian_mu,
     units_to_delta,
     units_to_epsilon,
 )
-from dpsql.errors import Error, InternalError
-from dpsql.mechanisms import gdp_delta
 
 __all__ = [
     "PLDAccountant",
     "PrivacyEvent",
     "epsilon_for_delta",
     "gdp_epsilon",
-    "plot_tradeoff",
     "privacy_events",
     "rr_epsilon",
-    "spent_tradeoff",
     "supports",
-    "tradeoff_eps_delta",
-    "tradeoff_gdp",
-    "tradeoff_pld",
 ]
 
 #: The grid privacy losses are rounded (pessimistically) onto.
@@ -233,7 +224,7 @@ class PLDAccountant:
     The accountant is thread-safe; one instance may serve several ledgers.
 
     Example:
-        >>> from dpsql.accounting import Charge
+        >>> from dpsql.privacy import Charge
         >>> laplace = {"mechanism": "laplace", "epsilon": 0.5}
         >>> PLDAccountant().compose([Charge(0.5, 0.0, "q", (laplace,))] * 2, 0.0)
         (1.0, 0.0)
@@ -365,7 +356,7 @@ class PLDAccountant:
 def gdp_epsilon(mu: float, delta: float) -> float:
     """The smallest epsilon at which mu-GDP is (epsilon, delta)-DP, rounded up.
 
-    Bisection on :func:`dpsql.mechanisms.gdp_delta` (exact for the Gaussian mechanism),
+    Bisection on :func:`dpsql.noise.gdp_delta` (exact for the Gaussian mechanism),
     aiming at ``delta * (1 - 1e-9)`` so floating-point error cannot make it optimistic;
     the upper end is returned. ``inf`` if no epsilon up to 1e6 reaches delta.
 
@@ -491,111 +482,3 @@ def rr_epsilon(event: PrivacyEvent, k: int, delta: float) -> float:
     return _epsilon_from_atoms(e * (k - 2 * j), probs, infinity, delta)
 
 
-# ---------------------------------------------------------------------------------------
-# Trade-off curves: beta (type II error) as a function of alpha (type I error)
-# ---------------------------------------------------------------------------------------
-
-
-def tradeoff_gdp(mu: float, alpha: npt.ArrayLike) -> FloatArray:
-    """The mu-GDP trade-off curve ``beta = Phi(Phi^-1(1 - alpha) - mu)``.
-
-    >>> [round(float(b), 4) for b in tradeoff_gdp(1.0, [0.05, 0.5])]
-    [0.7405, 0.1587]
-    """
-    a = np.clip(np.asarray(alpha, dtype=np.float64), 0.0, 1.0)
-    normal = NormalDist()
-    return np.array([normal.cdf(normal.inv_cdf(1 - x) - mu) if 0 < x < 1 else 1.0 - x
-                     for x in a.ravel()]).reshape(a.shape)
-
-
-def tradeoff_eps_delta(epsilon: float, delta: float, alpha: npt.ArrayLike) -> FloatArray:
-    """The (epsilon, delta)-DP trade-off curve
-    ``beta = max(0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha))``.
-
-    >>> [round(float(b), 4) for b in tradeoff_eps_delta(1.0, 0.0, [0.0, 0.5, 1.0])]
-    [1.0, 0.1839, 0.0]
-    """
-    a = np.asarray(alpha, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        first = 1 - delta - math.exp(epsilon) * a if epsilon < 700 else np.where(a > 0, -np.inf, 1 - delta)
-    second = math.exp(-epsilon) * (1 - delta - a)
-    return np.maximum(0.0, np.maximum(first, second))
-
-
-def tradeoff_pld(pld: PLD, alpha: npt.ArrayLike, points: int = 2000) -> FloatArray:
-    """A PLD's trade-off curve from its delta(epsilon) curve:
-    ``beta(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha, e^-eps (1 - delta(eps) - alpha))``,
-    over ``points`` epsilons from 0 to where delta(eps) falls below 1e-12 (or 30).
-    """
-    a = np.asarray(alpha, dtype=np.float64)
-    top = float(pld.get_epsilon_for_delta(1e-12))
-    if not math.isfinite(top):
-        top = min(30.0, 3 * float(pld.get_epsilon_for_delta(1e-9)))
-    if not math.isfinite(top):
-        top = 30.0
-    epsilons = np.linspace(0.0, max(top, 1e-3), points)
-    deltas = np.asarray(pld.get_delta_for_epsilon(epsilons), dtype=np.float64)
-    beta = np.zeros_like(a)
-    for epsilon, delta in zip(epsilons, deltas):
-        beta = np.maximum(beta, tradeoff_eps_delta(float(epsilon), float(delta), a))
-    return beta
-
-
-def spent_tradeoff(events: Sequence[Charge], alpha: npt.ArrayLike,
-                   accountant: PLDAccountant | None = None) -> tuple[FloatArray, str]:
-    """The trade-off curve of what ``events`` spent, and how it was computed.
-
-    mu-GDP exactly when every event is Gaussian; otherwise the composed PLD's curve.
-    """
-    a = np.asarray(alpha, dtype=np.float64)
-    mu = gaussian_mu(events)
-    if mu is not None:
-        return tradeoff_gdp(mu, a), f"spent: {mu:.4g}-GDP"
-    counts = Counter(e for event in events for e in privacy_events(event))
-    if not counts:
-        return 1.0 - a, "spent: nothing"
-    pld = (accountant or PLDAccountant()).distribution(counts)
-    return tradeoff_pld(pld, a), f"spent: composed PLD of {len(events)} charges"
-
-
-def plot_tradeoff(path: str | os.PathLike[str], status: BudgetStatus,
-                  events: Sequence[Charge]) -> None:
-    """Draw the trade-off curve of what was spent against the budget's, as a PNG.
-
-    Raises:
-        Error: If matplotlib is not installed.
-    """
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise Error("Plotting needs matplotlib, an optional extra: pip install "
-                    "'dpsql[plot]' (or pip install matplotlib).") from exc
-    alpha = np.concatenate([np.linspace(0, 0.02, 400, endpoint=False), np.linspace(0.02, 1, 600)])
-    spent, label = spent_tradeoff(events, alpha)
-    budget = tradeoff_eps_delta(status.epsilon_total, status.delta_total, alpha)
-    figure, axes = plt.subplots(figsize=(6.4, 6.0), dpi=120)
-    axes.plot(alpha, 1 - alpha, color="0.75", lw=1, ls=":", label="no privacy loss (β = 1 − α)")
-    axes.fill_between(alpha, spent, 1 - alpha, color="tab:blue", alpha=0.12)
-    axes.plot(alpha, spent, color="tab:blue", lw=2, label=label)
-    if status.queries:
-        point = tradeoff_eps_delta(status.epsilon_spent, status.delta_spent, alpha)
-        axes.plot(alpha, point, color="tab:green", lw=1.2, ls="-.",
-                  label=f"spent as one (ε, δ) point ({status.accountant}): "
-                        f"ε={status.epsilon_spent:.4g}, δ={status.delta_spent:.3g}")
-    axes.plot(alpha, budget, color="tab:red", lw=2, ls="--",
-              label=f"budget: ε={status.epsilon_total:g}, δ={status.delta_total:g}")
-    axes.set(xlim=(0, 1), ylim=(0, 1), aspect="equal",
-             xlabel="α: type I error (false positive rate)",
-             ylabel="β: type II error (false negative rate)",
-             title=f"Privacy spent by {status.analyst!r}: {status.queries} "
-                   f"{'query' if status.queries == 1 else 'queries'} ({status.accountant} accountant)")
-    axes.title.set_fontsize(10)
-    axes.legend(loc="upper right", fontsize=8)
-    figure.text(0.5, 0.01, "Every test of 'is this unit in the data?' has (α, β) on or above the "
-                "spent curve;\na spent curve above the budget's is within budget.",
-                ha="center", va="bottom", fontsize=7.5, color="0.3")
-    figure.tight_layout(rect=(0, 0.05, 1, 1))
-    figure.savefig(os.fspath(path))
-    plt.close(figure)

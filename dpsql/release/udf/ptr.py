@@ -61,8 +61,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.errors import InternalError, QueryRejected
-from dpsql.mechanisms import DiscreteLaplace, RandomSource, laplace_noise
-from dpsql.udf._release import (
+from dpsql.noise import DiscreteLaplace, RandomSource, laplace_noise
+from dpsql.release.udf._release import (
     CONFIDENCE,
     FloatArray,
     UDFRelease,
@@ -74,7 +74,7 @@ from dpsql.udf._release import (
     from_lattice,
     midpoint,
 )
-from dpsql.udf.sample_and_aggregate import DEFAULT_TIME_LIMIT, BlockFunction, evaluate_blocks
+from dpsql.release.udf.sample_and_aggregate import BlockFunction, evaluate_blocks
 
 __all__ = [
     "LocalSensitivity",
@@ -338,7 +338,7 @@ def ptr_quantile(values: npt.ArrayLike, q: float, bounds: tuple[float, float], e
         rows_per_unit: the cap r on rows per unit in ``values``.
         source: randomness for the noise.
 
-    >>> from dpsql.mechanisms import SeededRandom
+    >>> from dpsql.noise import SeededRandom
     >>> r = ptr_quantile([40.0] * 501, 0.5, (0, 100), 1.0, 1e-6, proposal=0.5,
     ...                  source=SeededRandom(3))
     >>> r.refused, abs(r.value - 40.0) < 0.5

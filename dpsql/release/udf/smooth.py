@@ -2,7 +2,7 @@
 
 DESIGN §5 (Nissim, Raskhodnikova and Smith 2007): ``beta = epsilon / (2 ln(2/delta))``,
 ``S(x) = max_k e^(-beta k) A(x, k)``, release ``f(x) + Lap(2 S / epsilon)``. ``A`` is the
-bound of :mod:`dpsql.udf.ptr` (units; ``A(x, k) <= A(x', k+1)`` for neighbours), which
+bound of :mod:`dpsql.release.udf.ptr` (units; ``A(x, k) <= A(x', k+1)`` for neighbours), which
 makes S a beta-smooth upper bound on the local sensitivity: ``S(x) <= e^beta S(x')``.
 No proposal, no refusal; it adapts to the data. S itself is NOT private: the release
 record keeps it (and the noise scale) in ``diagnostics`` only, and reports no half-width.
@@ -36,8 +36,8 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.mechanisms import DiscreteLaplace, RandomSource
-from dpsql.udf._release import (
+from dpsql.noise import DiscreteLaplace, RandomSource
+from dpsql.release.udf._release import (
     UDFRelease,
     check_bounds,
     check_budget,
@@ -46,7 +46,7 @@ from dpsql.udf._release import (
     floor_to_lattice,
     from_lattice,
 )
-from dpsql.udf.ptr import (
+from dpsql.release.udf.ptr import (
     UDF_TIME_LIMIT,
     LocalSensitivity,
     _check_rows,
@@ -57,7 +57,7 @@ from dpsql.udf.ptr import (
     udf_sensitivity,
     udf_value,
 )
-from dpsql.udf.sample_and_aggregate import BlockFunction
+from dpsql.release.udf.sample_and_aggregate import BlockFunction
 
 __all__ = [
     "SmoothParameters",
@@ -182,10 +182,10 @@ def smooth_quantile(values: npt.ArrayLike, q: float, bounds: tuple[float, float]
                     source: RandomSource | None = None) -> UDFRelease:
     """QUANTILE_CONT(values, q) (MEDIAN: q = 0.5) with smooth-sensitivity noise.
 
-    ``values`` as for :func:`dpsql.udf.ptr.ptr_quantile` (at most ``rows_per_unit`` rows
+    ``values`` as for :func:`dpsql.release.udf.ptr.ptr_quantile` (at most ``rows_per_unit`` rows
     per unit; NaN dropped, the rest clipped). (epsilon, delta)-DP.
 
-    >>> from dpsql.mechanisms import SeededRandom
+    >>> from dpsql.noise import SeededRandom
     >>> r = smooth_quantile([40.0] * 501, 0.5, (0, 100), 1.0, 1e-6, source=SeededRandom(3))
     >>> r.mechanism, abs(r.value - 40.0) < 0.5
     ('smooth_sensitivity', True)
@@ -205,7 +205,7 @@ def smooth_udf(fn: BlockFunction, local_sensitivity: LocalSensitivity, values: n
     """A registered UDF with a local sensitivity, with smooth-sensitivity noise.
 
     ``local_sensitivity`` is called for k = 0, 1, ... (its contract is in
-    :mod:`dpsql.udf.ptr`) until ``e^(-beta k) (hi - lo)`` cannot beat the running maximum,
+    :mod:`dpsql.release.udf.ptr`) until ``e^(-beta k) (hi - lo)`` cannot beat the running maximum,
     or ``max_calls`` calls, after which ``hi - lo`` bounds the rest.
     """
     lo, hi = check_bounds(bounds)
@@ -229,7 +229,7 @@ def smooth_udf(fn: BlockFunction, local_sensitivity: LocalSensitivity, values: n
 def expected_error(bounds: tuple[float, float], n_estimate: float, epsilon: float, delta: float,
                    *, rows_per_unit: int = 1) -> float:
     """Model of the mean absolute error on evenly spread data: ``2 S_model / epsilon0``
-    (no data is read), S_model from the profile of :func:`dpsql.udf.ptr.spread_sensitivity`.
+    (no data is read), S_model from the profile of :func:`dpsql.release.udf.ptr.spread_sensitivity`.
 
     >>> round(expected_error((0, 100), 100_000, 1.0, 1e-6), 4)
     0.0472

@@ -18,39 +18,44 @@ privacy unit and listed column must exist, and bounded columns must be numeric.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
 import math
 import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from dpsql.errors import PolicyError
+from dpsql.policy.fields import (
+    _add_unique,
+    _as_table,
+    _check_keys,
+    _check_name,
+    _delta,
+    _epsilon,
+    _finite_number,
+    _positive_int,
+    _show,
+    _Where,
+)
+from dpsql.policy.model import (
+    _ACCESS_LEVELS,
+    DEFAULT_MIN_EPSILON,
+    Budget,
+    ColumnPolicy,
+    Policy,
+    ServerLimits,
+    TablePolicy,
+)
 
-__all__ = [
-    "Budget",
-    "ColumnPolicy",
-    "Policy",
-    "TablePolicy",
-    "check_against_schema",
-    "load_policy",
-    "parse_policy",
-]
+__all__ = ["load_policy", "parse_policy"]
 
-_ACCESS_LEVELS = ("deny", "filter", "group", "aggregate")
 _ACCOUNTANTS = ("basic", "pld")
 _TOP_KEYS = ("budget", "privacy", "server", "tables")
 _PRIVACY_KEYS = (
     "accountant", "default_epsilon", "max_delta_per_query", "max_epsilon_per_query", "min_epsilon_per_query",
 )
 _SERVER_KEYS = ("deadline_base_ms", "deadline_ms", "deadline_ms_per_million_rows", "deadline_slack", "queries_per_minute")
-#: The default floor on a query's epsilon (DESIGN §7): a budget of 5 then pays for at most
-#: 5,000 data-reading runs, each a chance to probe a side channel, not 2.5e12.
-DEFAULT_MIN_EPSILON = 1e-3
 _BUDGET_KEYS = ("analysts", "default")
 _BUDGET_VALUE_KEYS = ("delta", "epsilon")
 _TABLE_KEYS = ("columns", "declared_rows", "epsilon", "max_groups_per_unit", "max_rows_per_unit", "model",
@@ -64,199 +69,6 @@ _NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common alia
     r"U?(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|INT[1248]?|LONG|SHORT"
     r"|FLOAT[48]?|REAL|DOUBLE|(DECIMAL|NUMERIC)(\(\s*\d+\s*(,\s*\d+\s*)?\))?"
 )
-
-
-# ---------------------------------------------------------------- the records
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """The ``[server]`` section: what the server fronts enforce besides the budget.
-
-    Attributes:
-        queries_per_minute: Data-reading queries one analyst may send per minute (a burst
-            of a tenth of it at once); explain and budget calls are not counted.
-        deadline_slack: How much slower than the machine's measured speed a query may run
-            before it is interrupted at its deadline (:mod:`dpsql.timing`).
-        deadline_ms: A fixed deadline for every query instead of the measured model.
-        deadline_base_ms, deadline_ms_per_million_rows: the speed model itself (both or
-            neither), instead of measuring it when the server starts: deadlines then do not
-            change from one start to the next.
-    """
-
-    queries_per_minute: int = 600
-    deadline_slack: float = 3.0
-    deadline_ms: float | None = None
-    deadline_base_ms: float | None = None
-    deadline_ms_per_million_rows: float | None = None
-
-
-@dataclass(frozen=True)
-class Budget:
-    """An (epsilon, delta) privacy budget: a per-analyst lifetime allowance."""
-
-    epsilon: float
-    delta: float
-
-
-@dataclass(frozen=True)
-class ColumnPolicy:
-    """What a query may do with one column.
-
-    Attributes:
-        name: The column name as written in the policy.
-        access: ``"deny"`` (never used), ``"filter"`` (WHERE only), ``"group"`` (WHERE
-            and GROUP BY) or ``"aggregate"`` (also inside aggregates; needs ``bounds``).
-        bounds: Clipping range ``(lower, upper)``, lower < upper. Numbers keep the type
-            the policy gave them, so integer bounds stay ``int``.
-        public_values: Known group keys; grouping by them needs no partition selection.
-        categories: In a local table (``model = "local"``), the domain of a categorical
-            column, reported through a frequency oracle (:mod:`dpsql.local`).
-    """
-
-    name: str
-    access: str
-    bounds: tuple[float, float] | None = None
-    public_values: tuple[object, ...] | None = None
-    categories: tuple[object, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.access not in _ACCESS_LEVELS:
-            allowed = ", ".join(repr(level) for level in _ACCESS_LEVELS)
-            raise PolicyError(
-                f"column {self.name!r}: unknown access {self.access!r}; use one of {allowed}"
-            )
-
-    @property
-    def can_filter(self) -> bool:
-        """Whether the column may appear in WHERE."""
-        return self.access != "deny"
-
-    @property
-    def can_group(self) -> bool:
-        """Whether the column may appear in GROUP BY."""
-        grouping = self.access in ("group", "aggregate") or self.public_values is not None
-        return grouping and self.access != "deny"
-
-    @property
-    def can_aggregate(self) -> bool:
-        """Whether the column may be summed or averaged (it has bounds to clip to)."""
-        return self.bounds is not None and self.access == "aggregate"
-
-    @property
-    def is_public_key(self) -> bool:
-        """Whether grouping by the column uses the public key list, not partition selection."""
-        return self.public_values is not None and self.access != "deny"
-
-
-@dataclass(frozen=True)
-class TablePolicy:
-    """How one table may be queried.
-
-    Attributes:
-        name: The table name as written in the policy.
-        public: True for a public table: every column usable, no privacy unit.
-        privacy_unit: The column identifying whom the table is about, or None for a
-            public table or a row-level table (each row is its own privacy unit).
-        max_groups_per_unit: How many groups one unit may contribute to (L0); 1 when
-            ``privacy_unit`` is None.
-        max_rows_per_unit: How many rows one unit may contribute per group (Linf); 1
-            when ``privacy_unit`` is None.
-        columns: The listed columns, keyed by casefolded name (read-only).
-        declared_rows: A public upper bound on the table's row count, for the server's
-            deadlines (:mod:`dpsql.timing`); ``None``: the server coarsens the real count.
-        model: ``"central"`` (dpsql holds the raw rows) or ``"local"`` (clients perturb
-            their own values before sending them; see :mod:`dpsql.local`).
-        epsilon: In a local table, the epsilon each client report spends.
-    """
-
-    name: str
-    public: bool
-    privacy_unit: str | None
-    max_groups_per_unit: int
-    max_rows_per_unit: int
-    columns: Mapping[str, ColumnPolicy] = field(hash=False)
-    declared_rows: int | None = None
-    model: str = "central"
-    epsilon: float | None = None
-
-    def __post_init__(self) -> None:
-        folded = {name.casefold(): column for name, column in self.columns.items()}
-        object.__setattr__(self, "columns", MappingProxyType(folded))
-        if self.privacy_unit is None:
-            object.__setattr__(self, "max_groups_per_unit", 1)
-            object.__setattr__(self, "max_rows_per_unit", 1)
-
-    def column(self, name: str) -> ColumnPolicy | None:
-        """Look a column up by name, ignoring case (casefold) but nothing else.
-
-        The privacy unit column, when not listed, is ``ColumnPolicy(unit, "filter")``:
-        it may be filtered on, counted distinct and joined on. In a public table an
-        unlisted name gives ``ColumnPolicy(name, "aggregate")`` without bounds (so
-        ``can_aggregate`` is False); the name is not checked against the database.
-        Otherwise an unlisted column is None: denied.
-
-        Args:
-            name: The column name as the query spells it.
-
-        Returns:
-            The column's policy, or None if the column may not be used at all.
-        """
-        key = name.casefold()
-        listed = self.columns.get(key)
-        if listed is not None:
-            return listed
-        if self.privacy_unit is not None and key == self.privacy_unit.casefold():
-            return ColumnPolicy(self.privacy_unit, "filter")
-        if self.public:
-            return ColumnPolicy(name, "aggregate")
-        return None
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A whole policy file.
-
-    Attributes:
-        source: The file it came from, or ``"<string>"``.
-        max_epsilon_per_query: The most epsilon one query may spend.
-        max_delta_per_query: The most delta one query may spend.
-        default_epsilon: The epsilon a query spends when it names none.
-        accountant: ``"basic"`` (sequential composition) or ``"pld"``.
-        default_budget: The lifetime budget of an analyst not listed in ``analysts``.
-        analysts: Lifetime budgets by exact analyst name (read-only).
-        tables: Table policies keyed by casefolded name (read-only).
-        min_epsilon_per_query: The least epsilon one query may spend (a floor on how many
-            data-reading runs a budget buys; DESIGN §7).
-        server: Limits of the server fronts: rate and deadlines.
-    """
-
-    source: str
-    max_epsilon_per_query: float
-    max_delta_per_query: float
-    default_epsilon: float
-    accountant: str
-    default_budget: Budget
-    analysts: Mapping[str, Budget] = field(hash=False)
-    tables: Mapping[str, TablePolicy] = field(hash=False)
-    min_epsilon_per_query: float = DEFAULT_MIN_EPSILON
-    server: ServerLimits = field(default_factory=lambda: ServerLimits())
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "analysts", MappingProxyType(dict(self.analysts)))
-        folded = {name.casefold(): table for name, table in self.tables.items()}
-        object.__setattr__(self, "tables", MappingProxyType(folded))
-
-    def table(self, name: str) -> TablePolicy | None:
-        """Look a table up by name, ignoring case (casefold); None if not in the policy."""
-        return self.tables.get(name.casefold())
-
-    def budget_for(self, analyst: str) -> Budget:
-        """The lifetime budget of ``analyst`` (exact name), or the default budget."""
-        return self.analysts.get(analyst, self.default_budget)
-
-
-# ---------------------------------------------------------------- loading
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
@@ -668,209 +480,3 @@ def _scalar_kind(where: _Where, value: object) -> str:
         f"public_values may hold only strings, numbers and booleans, got {_show(value)}; "
         'write dates and times as strings such as "2024-01-31"'
     )
-
-
-# ---------------------------------------------------------------- values
-
-
-def _epsilon(where: _Where, body: Mapping[str, Any], key: str) -> float:
-    """A required epsilon: a finite number > 0."""
-    value = float(_finite_number(where, key, _required(where, body, key, "1.0")))
-    if value <= 0:
-        raise where.error(f"{key} must be greater than 0, got {_show(value)}")
-    return value
-
-
-def _delta(where: _Where, body: Mapping[str, Any], key: str) -> float:
-    """A required delta: a number in [0, 1)."""
-    value = float(_finite_number(where, key, _required(where, body, key, "1e-6")))
-    if not 0 <= value < 1:
-        raise where.error(
-            f"{key} must be in [0, 1), got {_show(value)}; a delta of 1 or more promises "
-            "no privacy at all: use a small value such as 1e-6, or 0"
-        )
-    return value
-
-
-def _positive_int(where: _Where, body: Mapping[str, Any], key: str) -> int:
-    """A required whole number >= 1 (a contribution cap)."""
-    value = _required(where, body, key, "1")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise where.error(f"{key} must be a whole number of at least 1, got {_show(value)}")
-    return value
-
-
-def _required(where: _Where, body: Mapping[str, Any], key: str, example: str) -> object:
-    """The value under ``key``, or an error saying to add it."""
-    if key not in body:
-        raise where.error(f"missing {key}; add it, e.g. {key} = {example}")
-    return body[key]
-
-
-def _finite_number(where: _Where, key: str, value: object) -> int | float:
-    """A finite int or float; booleans are not numbers."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise where.error(f"{key} must be a number, got {_show(value)}")
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:
-        finite = False
-    if not finite:
-        raise where.error(f"{key} must be a finite number, got {_show(value)}")
-    return value
-
-
-# ---------------------------------------------------------------- helpers
-
-
-@dataclass(frozen=True)
-class _Where:
-    """Where in the policy a value sits, to name it in error messages."""
-
-    source: str
-    section: str = ""
-    table: str | None = None
-    column: str | None = None
-
-    def at(self, section: str) -> _Where:
-        """The same place, in another section."""
-        return dataclasses.replace(self, section=section)
-
-    def error(self, message: str) -> PolicyError:
-        """A PolicyError prefixed with the file, section, table and column."""
-        parts = [self.section] if self.section else []
-        if self.table is not None:
-            parts.append(f"table {self.table!r}")
-        if self.column is not None:
-            parts.append(f"column {self.column!r}")
-        place = f"{', '.join(parts)}: " if parts else ""
-        return PolicyError(f"{self.source}: {place}{message}")
-
-
-def _check_keys(where: _Where, body: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
-    """Reject any key not in ``allowed``, suggesting the nearest allowed one."""
-    for key in body:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise where.error(f"unknown key {key!r}{hint}; allowed keys: {', '.join(allowed)}")
-
-
-def _check_name(where: _Where, name: str, what: str) -> None:
-    """Reject an empty or blank table or column name."""
-    if not name.strip():
-        raise where.error(f"empty {what} name; give the {what} its name as in the database")
-
-
-def _as_table(where: _Where, raw: object, expected: str) -> dict[str, Any]:
-    """``raw`` as a TOML table, or an error saying what was expected."""
-    if not isinstance(raw, dict):
-        raise where.error(f"expected {expected}, got {_show(raw)}")
-    return raw
-
-
-def _add_unique(
-    where: _Where, into: dict[str, Any], item: TablePolicy | ColumnPolicy, what: str
-) -> None:
-    """Add ``item`` under its casefolded name, rejecting names that differ only in case."""
-    key = item.name.casefold()
-    if key in into:
-        raise where.error(
-            f"{what} {into[key].name!r} and {item.name!r} differ only in case, and SQL "
-            "names ignore case; keep one"
-        )
-    into[key] = item
-
-
-def _show(value: object) -> str:
-    """Render a value roughly as TOML writes it, for error messages."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_show(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "a table { ... }"
-    return str(value)
-
-
-# ---------------------------------------------------------------- the database
-
-
-def check_against_schema(policy: Policy, schema: Mapping[str, Mapping[str, str]]) -> None:
-    """Check that the database has every table and column the policy names.
-
-    Args:
-        policy: A loaded policy.
-        schema: Table name -> {column name -> DuckDB type such as ``"BIGINT"``}.
-            Names are compared casefolded.
-
-    Raises:
-        PolicyError: Listing every problem: a missing table, privacy unit column or
-            listed column, or bounds on a column that is not numeric.
-
-    >>> policy = parse_policy('''
-    ... [privacy]
-    ... max_epsilon_per_query = 1.0
-    ... max_delta_per_query = 0
-    ... default_epsilon = 1.0
-    ... [budget]
-    ... default = { epsilon = 5.0, delta = 0 }
-    ... [tables.t.columns]
-    ... x = { bounds = [0, 1] }
-    ... ''')
-    >>> check_against_schema(policy, {"t": {"x": "DOUBLE"}})
-    """
-    folded = {
-        table.casefold(): {column.casefold(): kind for column, kind in columns.items()}
-        for table, columns in schema.items()
-    }
-    problems: list[str] = []
-    for table in policy.tables.values():
-        if table.model == "local":  # its reports live in a report store, not the database
-            continue
-        problems.extend(_schema_problems(table, folded))
-    if problems:
-        listing = "\n  - ".join(problems)
-        raise PolicyError(
-            f"{policy.source}: the policy does not match the database:\n  - {listing}"
-        )
-
-
-def _schema_problems(table: TablePolicy, schema: Mapping[str, Mapping[str, str]]) -> list[str]:
-    """Everything wrong between one table policy and the database."""
-    columns = schema.get(table.name.casefold())
-    if columns is None:
-        known = ", ".join(sorted(schema)) or "none"
-        return [
-            f"table {table.name!r} is not in the database (tables: {known}); "
-            f"fix the name or remove [tables.{table.name}]"
-        ]
-    problems: list[str] = []
-    unit = table.privacy_unit
-    if unit is not None and unit.casefold() not in columns:
-        problems.append(
-            f"table {table.name!r}: privacy_unit column {unit!r} is not in the table "
-            f"(columns: {', '.join(columns)}); fix privacy_unit"
-        )
-    for column in table.columns.values():
-        problem = _column_problem(table, column, columns)
-        if problem:
-            problems.append(problem)
-    return problems
-
-
-def _column_problem(table: TablePolicy, column: ColumnPolicy, columns: Mapping[str, str]) -> str:
-    """What is wrong with one listed column in the database, or ``""``."""
-    place = f"table {table.name!r}, column {column.name!r}"
-    kind = columns.get(column.name.casefold())
-    if kind is None:
-        known = ", ".join(columns)
-        return f"{place} is not in the table (columns: {known}); fix the name or remove it"
-    if column.bounds is not None and not _NUMERIC_TYPE.fullmatch(kind.strip().upper()):
-        return (
-            f"{place}: bounds need a numeric column, but it is {kind}; remove bounds "
-            '(use access = "group" or public_values instead)'
-        )
-    return ""

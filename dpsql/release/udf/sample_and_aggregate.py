@@ -66,9 +66,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.errors import InternalError, QueryRejected
-from dpsql.mechanisms import RandomSource, laplace_noise
-from dpsql.udf._release import (
+from dpsql.errors import InternalError
+from dpsql.plan import DEFAULT_TIME_LIMIT  # seconds one block may run before it gets the default
+from dpsql.noise import RandomSource, laplace_noise
+from dpsql.release.udf._release import (
     CONFIDENCE,
     FloatArray,
     UDFRelease,
@@ -93,8 +94,6 @@ __all__ = [
 Isolation = Literal["process", "inline"]
 BlockFunction = Callable[[FloatArray], object]
 
-#: Seconds one block may run before it gets the default.
-DEFAULT_TIME_LIMIT = 0.1
 #: The block bias constant c of the k rule (see the module docstring).
 DEFAULT_BIAS_CONSTANT = 1 / 4
 #: Blocks keep at least this many units (when there are that many).
@@ -415,7 +414,7 @@ def sample_and_aggregate(fn: BlockFunction, values: npt.ArrayLike, block_ids: np
         time_limit, isolation, pad_time: see :func:`evaluate_blocks`.
         source: randomness for the noise (the system CSPRNG by default).
 
-    >>> from dpsql.mechanisms import SeededRandom
+    >>> from dpsql.noise import SeededRandom
     >>> values = [float(v % 10) for v in range(1000)]
     >>> r = sample_and_aggregate(lambda b: float(b.mean()), values, [v % 10 for v in range(1000)],
     ...                          10, (0, 10), 1.0, isolation="inline", source=SeededRandom(1))

@@ -1,0 +1,58 @@
+"""What every analysis pass reads and fills: the query, the policy, the scope, and the keys,
+aggregates and measurements planned so far.
+
+The passes of :data:`dpsql.analyze.RULES` run in order over one :class:`Context`; each fills
+the fields it names and may read what earlier passes filled. Checking passes raise; none
+quietly repairs a query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import sqlglot.expressions as exp
+
+from dpsql.analyze.calibrate import MeasurementSpec
+from dpsql.analyze.scope import Pending, Resolved, Scope
+from dpsql.plan import UDF, Aggregate, GroupKey, Measurement, Selection, ValueRelease
+from dpsql.policy import Policy, TablePolicy
+
+__all__ = ["Context", "PublicValues"]
+
+#: Reads the distinct values of a public table's column (public data), or None if too many.
+PublicValues = Callable[[str, str], "tuple[object, ...] | None"]
+
+
+@dataclass
+class Context:
+    """The analysis of one query, filled in pass by pass."""
+
+    sql: str
+    policy: Policy
+    schema: Mapping[str, Mapping[str, str]]
+    requested: tuple[float | None, float | None]
+    public_values: PublicValues | None = None
+    udfs: Mapping[str, UDF] = field(default_factory=dict)
+    # filled by the passes, in order
+    epsilon: float = field(init=False)
+    delta: float = field(init=False)
+    select: exp.Select = field(init=False)
+    scope: Scope = field(init=False)
+    pending: Pending = field(init=False)
+    keys: dict[str, GroupKey] = field(default_factory=dict)
+    condition: exp.Expression | None = None
+    values: dict[str, tuple[Aggregate, object, Resolved]] = field(default_factory=dict)
+    aggregates: dict[str, Aggregate] = field(default_factory=dict)
+    specs: dict[tuple[str, str | None], MeasurementSpec] = field(default_factory=dict)
+    output: exp.Select = field(init=False)
+    names: tuple[str, ...] = field(init=False)
+    l0: int = field(init=False)
+    sample_groups: bool = field(init=False)
+    selection: Selection | None = None
+    measurements: tuple[Measurement, ...] = ()
+    value_releases: tuple[ValueRelease, ...] = ()
+
+    @property
+    def primary(self) -> TablePolicy:
+        return self.scope.primary.table

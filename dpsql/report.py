@@ -1,0 +1,144 @@
+"""Report building: the :class:`~dpsql.result.Result` of a query, with its privacy report
+(per output column: the mechanism, the noise, the measurements) and its accuracy, for a
+fresh answer and for a free repeat; and the charge a plan records in the ledger.
+
+Reads only the plan and the released values: nothing here touches private data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import sqlglot.expressions as exp
+
+from dpsql.errors import Error
+from dpsql.plan import QueryPlan, ValueRelease
+from dpsql.privacy import Charge
+from dpsql.release.udf.registry import UDF, choose_strategy
+from dpsql.repeats import REPEAT_NOTE, CachedAnswer
+from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
+
+__all__ = ["charge_of", "described", "fresh_result", "privacy_report", "repeat_result", "uses_udf", "with_values"]
+
+
+def charge_of(plan: QueryPlan, sql: str) -> Charge:
+    return Charge(plan.epsilon, plan.delta, sql, described(plan))
+
+
+def fresh_result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
+            cached: bool) -> Result:
+    result = Result(table, privacy_report(plan), Accuracy(cells), sql)  # type: ignore[arg-type]
+    result.cached = cached  # type: ignore[attr-defined]
+    return result
+
+
+def repeat_result(plan: QueryPlan, answer: CachedAnswer, sql: str) -> Result:
+    """A stored answer, under this query's column names, with the privacy report it was
+    released with, marked as a free repeat."""
+    table = answer.table
+    if table.num_columns != len(plan.output_names):
+        raise Error("a stored answer does not match this query's columns; delete the answers file "
+                    "beside the ledger. This is probably a bug in dpsql.")
+    table = table.rename_columns(list(plan.output_names))
+    cells = {new: list(answer.cells.get(old, [None] * table.num_rows))
+             for old, new in zip(answer.table.column_names, plan.output_names)}
+    stored = answer.privacy
+    columns = {new: _column_privacy(stored["columns"][old])
+               for old, new in zip(answer.table.column_names, plan.output_names)}
+    report = PrivacyReport(stored["epsilon"], stored["delta"], columns, (*stored["notes"], REPEAT_NOTE))
+    result = Result(table, report, Accuracy(cells), sql)
+    result.cached = True  # type: ignore[attr-defined]
+    return result
+
+
+def _column_privacy(stored: dict[str, Any]) -> ColumnPrivacy:
+    measurements = tuple({k: _tuples(v) for k, v in m.items()} for m in stored["measurements"])
+    return ColumnPrivacy(stored["mechanism"], stored["noise_std"], measurements)
+
+
+def _tuples(value: object) -> object:
+    """JSON made the report's tuples lists; make them tuples again."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def uses_udf(plan: QueryPlan) -> bool:
+    """Whether a registered UDF answers part of the query: its code is not part of the
+    repeat key, so such queries are answered afresh (and charged) every time."""
+    return any(isinstance(r.target, UDF) for r in getattr(plan, "value_releases", ()))
+
+
+def described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
+    """Every noisy quantity of the plan, as the ledger records it."""
+    selection = (plan.selection.describe(),) if plan.selection is not None else ()
+    values = tuple(r.describe() for r in plan.value_releases)
+    return selection + tuple(m.describe() for m in plan.measurements) + values
+
+
+def with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]) -> Result:
+    """The privacy report with what each order statistic or UDF actually used, and why."""
+    if not report:
+        return result
+    columns = dict(result.privacy.columns)
+    notes = list(result.privacy.notes)
+    for name, projection in zip(plan.output_names, plan.output.expressions):
+        refs = [c.name for c in projection.find_all(exp.Column) if c.name in report]
+        outs = [o for r in refs for o in report[r]]
+        if not outs:
+            continue
+        mechanisms = "+".join(sorted({o.mechanism for o in outs}))  # type: ignore[attr-defined]
+        described = tuple(o.describe() for o in outs)  # type: ignore[attr-defined]
+        columns[name] = ColumnPrivacy(mechanisms, None, described)
+        why = str(outs[0].parameters.get("why", ""))  # type: ignore[attr-defined]
+        per_group = f" (chosen per group from a noisy unit count; first group shown)" if len(outs) > 1 else ""
+        notes.append(f"{name}: {why}{per_group}")
+        refused = sum(bool(o.refused) for o in outs)  # type: ignore[attr-defined]
+        if refused:
+            notes.append(f"{name}: {refused} of {len(outs)} group(s) refused by PTR (NULL): {outs[0].reason or 'unstable'}")  # type: ignore[attr-defined]
+    result.privacy = replace(result.privacy, columns=columns, notes=tuple(notes))
+    return result
+
+
+def _expected_value_privacy(releases: list[ValueRelease]) -> ColumnPrivacy:
+    """The mechanism an order statistic or UDF is expected to use, before running: the
+    choice is made per group from a noisy unit count, so this models a group of
+    ``_NOMINAL_UNITS`` units (it decides only between PTR and smooth sensitivity)."""
+    names = {"smooth": "smooth_sensitivity", "ptr": "ptr", "sample_and_aggregate": "sample_and_aggregate"}
+    described = []
+    for r in releases:
+        eps = r.epsilon * (1 - ValueRelease.COUNT_SHARE)
+        strategy, why = choose_strategy(r.target, _NOMINAL_UNITS, eps, r.delta, rows_per_unit=r.rows_per_unit)  # type: ignore[arg-type]
+        described.append({**r.describe(), "mechanism": names[strategy], "why": why, "decided": "per group at run time"})
+    mechanism = "+".join(sorted({str(d["mechanism"]) for d in described}))
+    return ColumnPrivacy(mechanism, None, tuple(described))
+
+
+#: The group size :func:`_expected_value_privacy` models.
+_NOMINAL_UNITS = 1000
+
+
+def privacy_report(plan: QueryPlan) -> PrivacyReport:
+    by_name = {a.name: a for a in plan.aggregates}
+    keys = {k.name: k for k in plan.group_keys}
+    columns: dict[str, ColumnPrivacy] = {}
+    for name, projection in zip(plan.output_names, plan.output.expressions):
+        refs = [c.name for c in projection.find_all(exp.Column)]
+        used = [by_name[r] for r in refs if r in by_name]
+        measurements = tuple(plan.measurement(n) for a in used for n in a.measurements)
+        values = [r for r in plan.value_releases if r.name in refs]
+        if values and not measurements:
+            columns[name] = _expected_value_privacy(values)
+            continue
+        if not measurements:
+            private = any(r in keys and not keys[r].is_public for r in refs)
+            public = any(r in keys for r in refs)
+            mechanism = "partition_selection" if private else "public" if public else "none"
+            described = (plan.selection.describe(),) if private and plan.selection else ()
+            columns[name] = ColumnPrivacy(mechanism, None, described)
+            continue
+        mechanisms = "+".join(sorted({m.mechanism for m in measurements}))
+        bare = projection.unalias()
+        simple = len(used) == 1 and used[0].function in ("count", "count_distinct", "sum") and bare.name in by_name
+        std = measurements[0].noise_std if simple else None
+        columns[name] = ColumnPrivacy(mechanisms, std, tuple(m.describe() for m in measurements))
+    return PrivacyReport(plan.epsilon, plan.delta, columns, plan.notes)

@@ -1,0 +1,187 @@
+"""The service behind every server front (Flight, Postgres): one shared engine, policy and
+ledger, a connection per analyst, deadlines always on (:mod:`dpsql.timing`) and a
+per-analyst query rate limit."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dpsql.connection import Connection
+from dpsql.engine import DuckDBEngine
+from dpsql.errors import RateLimited
+from dpsql.explain import Explanation
+from dpsql.policy import Policy, check_against_schema, load_policy
+from dpsql.privacy import BudgetStatus, Ledger
+from dpsql.result import Result
+from dpsql.timing import Timing, TimingModel, calibrate, table_sizes, warm_up
+from dpsql.errors import Error
+
+__all__ = ["RateLimiter", "Service", "server_timing"]
+
+log = logging.getLogger("dpsql.server")
+
+
+class Service:
+    """The embedded pipeline for many analysts: one engine, one ledger, one Connection each.
+
+    The Connections share the engine and the ledger, so they are never closed one by one;
+    :meth:`close` closes everything once.
+    """
+
+    def __init__(self, engine: DuckDBEngine, policy: Policy, ledger: Ledger, *, timing: Timing | None = None) -> None:
+        self._engine = engine
+        self._policy = policy
+        self._ledger = ledger
+        self._shared = _shared_options(ledger)
+        if timing is not None:
+            self._shared["timing"] = timing
+        self.timing = timing
+        self._rate = RateLimiter(policy.server.queries_per_minute)
+        self._connections: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, database: str | os.PathLike[str], policy: str | os.PathLike[str], ledger: str | os.PathLike[str]) -> Service:
+        """Open the database hardened and read-only, check it against the policy, open the ledger."""
+        loaded = load_policy(policy)
+        engine = DuckDBEngine(database)
+        book: Ledger | None = None
+        try:
+            check_against_schema(loaded, engine.schema())
+            timing = server_timing(loaded, engine)
+            book = Ledger(ledger, accountant=loaded.accountant)  # as dpsql.connect does
+            return cls(engine, loaded, book, timing=timing)
+        except BaseException:
+            if book is not None:
+                book.close()
+            engine.close()
+            raise
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledger
+
+    def connection(self, analyst: str) -> Connection:
+        """The analyst's Connection, made on first use."""
+        with self._lock:
+            if self._closed:
+                raise Error("the dpsql server is shutting down; try again when it is back.")
+            conn = self._connections.get(analyst)
+            if conn is None:
+                conn = Connection(self._engine, self._policy, analyst, self._ledger, **self._shared)
+                self._connections[analyst] = conn
+            return conn
+
+    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Result:
+        """Answer a query for ``analyst``: rate-limited, then the pipeline, whose answers
+        (when it reads data) are released at their deadline (:mod:`dpsql.timing`)."""
+        self._rate.take(analyst)
+        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta)
+
+    def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
+        return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta)
+
+    def budget(self, analyst: str) -> BudgetStatus:
+        return self.connection(analyst).budget()
+
+    def close(self) -> None:
+        """Close every Connection (their scratch engines), then the shared engine and ledger."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            connections = list(self._connections.values())
+        for conn in connections:
+            conn.close()  # also closes the shared engine, ledger and answers: all idempotent
+        for shared in self._shared.values():
+            if hasattr(shared, "close"):
+                shared.close()
+        self._engine.close()
+        self._ledger.close()
+
+
+def server_timing(policy: Policy, engine: DuckDBEngine) -> Timing:
+    """The deadlines of a server (always on): this machine's speed measured on synthetic
+    data, the policy's slack or fixed deadline, the tables' public or coarsened sizes."""
+    limits = policy.server
+    if limits.deadline_ms is not None:
+        model = TimingModel(0.0, 0.0, fixed=limits.deadline_ms / 1e3)
+        warm_up(Connection)
+    elif limits.deadline_base_ms is not None and limits.deadline_ms_per_million_rows is not None:
+        model = TimingModel(limits.deadline_base_ms / 1e3, limits.deadline_ms_per_million_rows / 1e9,
+                            slack=limits.deadline_slack)
+        warm_up(Connection)
+    else:  # measuring runs the pipeline, which warms it up too
+        model = dataclasses.replace(calibrate(pipeline=Connection), slack=limits.deadline_slack)
+    log.info("deadlines: %s", model)
+    return Timing(model, table_sizes(policy, engine), engine.interrupt)
+
+
+class RateLimiter:
+    """Per-analyst token buckets: ``per_minute`` queries a minute, bursts of a tenth of it.
+
+    A refusal is :class:`~dpsql.errors.RateLimited`, decided before anything is read or
+    charged. It bounds how fast an analyst can probe anything that costs little.
+
+    >>> limiter = RateLimiter(60, clock=lambda: 0.0)
+    >>> for _ in range(6):
+    ...     limiter.take("alice")
+    >>> limiter.take("alice")
+    Traceback (most recent call last):
+    ...
+    dpsql.errors.RateLimited: analyst 'alice' sent more than 60 queries a minute (the server's rate limit, [server] queries_per_minute in the policy); wait 1.0 s and try again. Nothing was charged.
+    """
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._capacity = max(1.0, per_minute / 10)
+        self._rate = per_minute / 60.0
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, analyst: str) -> None:
+        with self._lock:
+            now = self._clock()
+            tokens, then = self._buckets.get(analyst, (self._capacity, now))
+            tokens = min(self._capacity, tokens + (now - then) * self._rate)
+            if tokens < 1:
+                self._buckets[analyst] = (tokens, now)
+                wait = (1 - tokens) / self._rate
+                raise RateLimited(
+                    f"analyst {analyst!r} sent more than {self.per_minute} queries a minute (the server's rate "
+                    f"limit, [server] queries_per_minute in the policy); wait {wait:.1f} s and try again. "
+                    "Nothing was charged."
+                )
+            self._buckets[analyst] = (tokens - 1, now)
+
+
+def _shared_options(ledger: Ledger) -> dict[str, Any]:
+    """What every analyst's Connection shares besides the engine and the ledger.
+
+    Where Connection keeps released answers for free repeats (``answers=``, a file beside the
+    ledger), the server opens that file once for everyone: one SQLite connection whose
+    writers queue on a lock. One connection per analyst would queue them on SQLite's busy
+    handler instead, which sleeps in steps of up to 100 ms and made 8 concurrent clients 30
+    times slower.
+    """
+    if "answers" not in inspect.signature(Connection).parameters:
+        return {}
+    from dpsql.repeats import RepeatCache
+
+    return {"answers": RepeatCache.beside(ledger.path)}
+
+
+# ---------------------------------------------------------------- requests
