@@ -40,7 +40,7 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.errors import Error, InternalError
-from dpsql.spark.translate import check_reachable, parse_bounded, to_spark
+from dpsql.spark.translate import check_reachable, parse_bounded, table_key, to_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -113,7 +113,7 @@ class SparkEngine:
         else:
             for name, source in tables.items():
                 self._add_source(name, source)
-        self._allowed = frozenset(ref.sql(dialect="spark") for ref in self._refs.values())
+        self._allowed = frozenset(table_key(ref) for ref in self._refs.values())
 
     # -- the tables ---------------------------------------------------------------------
     def _add_catalog(self) -> None:

@@ -57,7 +57,7 @@ import sqlglot.expressions as exp
 
 from dpsql.errors import InternalError
 
-__all__ = ["RULES", "check_reachable", "parse_bounded", "to_spark"]
+__all__ = ["RULES", "check_reachable", "parse_bounded", "table_key", "to_spark"]
 
 _DEC = "DECIMAL(38, 0)"
 _MAX_WHOLE = 4503599627370496.0  # 2^52: every double at least this large is a whole number
@@ -297,8 +297,13 @@ _ALLOWED_NODES = (
 _OPERATORS = (exp.Connector, exp.Binary, exp.Unary, exp.Predicate, exp.Escape, exp.Bracket)
 
 
-def check_reachable(tree: exp.Expression, tables: Collection[str], parameters: Mapping[str, object]) -> None:
-    """Refuse a tree that reads a table outside ``tables`` (their SQL in Spark's dialect),
+def table_key(table: exp.Table) -> tuple[str, ...]:
+    """A table reference's name parts (catalog, database, name), quoting aside."""
+    return tuple(part.name for part in table.parts)
+
+
+def check_reachable(tree: exp.Expression, tables: Collection[tuple[str, ...]], parameters: Mapping[str, object]) -> None:
+    """Refuse a tree that reads a table outside ``tables`` (:func:`table_key` of each),
     calls a function outside :data:`ALLOWED_FUNCTIONS`, or holds a statement other than one
     SELECT. The pipeline only ever builds such trees; this is the engine's own allow-list
     (Spark cannot switch file access off for SQL the way DuckDB can)."""
@@ -308,11 +313,8 @@ def check_reachable(tree: exp.Expression, tables: Collection[str], parameters: M
     for table in tree.find_all(exp.Table):
         if not isinstance(table.this, exp.Identifier):
             raise InternalError("a table function in the bounded query")
-        name = table.copy()
-        name.set("alias", None)
-        text = name.sql(dialect="spark")
-        if text not in tables and not (not table.db and table.name in ctes):
-            raise InternalError(f"the bounded query reads {text}, which is not a policy table")
+        if table_key(table) not in tables and not (len(table.parts) == 1 and table.name in ctes):
+            raise InternalError(f"the bounded query reads {table.sql(dialect='spark')}, which is not a policy table")
     for node in tree.find_all(exp.Func):
         if isinstance(node, exp.Anonymous):
             if str(node.this).casefold() not in ALLOWED_FUNCTIONS:

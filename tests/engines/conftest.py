@@ -8,17 +8,13 @@ missing; ``.ci/run`` installs both, so in CI they run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import duckdb
 import pytest
 
 import dpsql
-from dpsql.engine import DuckDBEngine
-
-#: A table for :func:`build_engine`: (DDL column list, rows).
-TableData = tuple[str, Sequence[tuple[Any, ...]]]
+from engine_support import TableData, make_engine
 
 
 @pytest.fixture(scope="session")
@@ -35,18 +31,6 @@ def spark_session() -> Iterator[Any]:
     session.stop()
 
 
-def _spark_type(ddl_type: str) -> str:
-    return {"VARCHAR": "STRING", "INTEGER": "INT"}.get(ddl_type.upper(), ddl_type)
-
-
-def _spark_schema(columns: str) -> str:
-    parts = []
-    for column in columns.split(","):
-        name, dtype = column.strip().split(None, 1)
-        parts.append(f"{name} {_spark_type(dtype)}")
-    return ", ".join(parts)
-
-
 @pytest.fixture
 def build_engine(request: pytest.FixtureRequest) -> Iterator[Callable[[str, Mapping[str, TableData]], Any]]:
     """``build_engine(name, tables)``: the engine ``name`` holding ``tables`` (name -> (DDL
@@ -54,22 +38,11 @@ def build_engine(request: pytest.FixtureRequest) -> Iterator[Callable[[str, Mapp
     opened: list[Any] = []
 
     def build(name: str, tables: Mapping[str, TableData]) -> Any:
-        if name == "duckdb":
-            con = duckdb.connect()
-            for table, (columns, rows) in tables.items():
-                con.execute(f"CREATE TABLE {table}({columns})")
-                if rows:
-                    placeholders = ", ".join("?" for _ in rows[0])
-                    con.executemany(f"INSERT INTO {table} VALUES ({placeholders})", list(rows))
-            engine = DuckDBEngine(con)
-            opened.append(con)
-            return engine
-        session = request.getfixturevalue("spark_session")
-        from dpsql.spark import SparkEngine
-
-        frames = {t: session.createDataFrame(list(rows), _spark_schema(cols)) for t, (cols, rows) in tables.items()}
-        return SparkEngine(session, tables=frames)
+        session = request.getfixturevalue("spark_session") if name == "spark" else None
+        engine = make_engine(name, tables, session)
+        opened.append(engine)
+        return engine
 
     yield build
-    for con in opened:
-        con.close()
+    for engine in opened:
+        engine.close()
