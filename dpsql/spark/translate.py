@@ -238,14 +238,16 @@ def spark_types(node: exp.Expression) -> exp.Expression:
 
 
 #: The passes, in order. Each takes a node and returns it or its replacement.
+#: ``total_division`` and ``double_rounding`` come first: they are for the analyst's DOUBLE
+#: arithmetic, and must not touch the exact DECIMAL divisions the passes after them build.
 RULES: tuple[Callable[[exp.Expression], exp.Expression], ...] = (
+    total_division,
+    double_rounding,
     keyed_hash,
     exact_sums,
     exact_shift,
     exact_int_div,
     smallest_hashes,
-    total_division,
-    double_rounding,
     unwrap_try,
     finite_timestamps,
     like_escape,

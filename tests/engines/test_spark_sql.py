@@ -1,0 +1,116 @@
+"""What the Spark translation relies on in Spark itself (each a measured fact the module
+docstring of :mod:`dpsql.spark.translate` states), and the engine's table sources."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import sqlglot
+
+import dpsql
+from dpsql.spark.translate import to_spark
+
+
+@pytest.fixture(scope="module")
+def spark(spark_session):
+    return spark_session
+
+
+def _one(spark, sql: str, **args):
+    return spark.sql(sql, args=args or None).collect()[0]
+
+
+def test_keyed_hash_reaches_every_order(spark) -> None:
+    """The 3 smallest of 20 rows by ``xxhash64(salt, unit, row)``, over 2000 salts: as many
+    distinct choices as uniform random 3-subsets would give, and each row chosen 3/20 of
+    the time.
+
+    Distinct subsets of C(20,3) = 1140 after 2000 uniform draws: mean 1140 (1 - (1 -
+    1/1140)^2000) = 943.6, sd about 8; accepted within 6 sd. Each row's choice count is
+    Binomial(2000, 0.15): mean 300, sd 16; accepted within 5.5 sd (all 20 rows: about 1 in
+    10^6 false failures). A salt that only flipped fixed bits (DuckDB's one-argument salt)
+    reaches a few dozen subsets.
+    """
+    rows = spark.sql("""
+        SELECT collect_set(r) AS chosen FROM (
+          SELECT s.id AS salt, r.id AS r,
+                 row_number() OVER (PARTITION BY s.id ORDER BY xxhash64(CAST(s.id * 7919 + 13 AS BIGINT), 42, r.id)) AS k
+          FROM range(2000) AS s CROSS JOIN range(20) AS r
+        ) WHERE k <= 3 GROUP BY salt""").collect()
+    subsets = [tuple(sorted(r.chosen)) for r in rows]
+    assert len(subsets) == 2000
+    expected = 1140 * (1 - (1 - 1 / 1140) ** 2000)
+    assert abs(len(set(subsets)) - expected) <= 6 * 8
+    per_row = [sum(i in s for s in subsets) for i in range(20)]
+    assert all(abs(c - 300) <= 5.5 * math.sqrt(2000 * 0.15 * 0.85) for c in per_row)
+
+
+def test_nan_and_null_semantics_match_duckdb(spark) -> None:
+    """NaN = NaN and NaN above every number (as DuckDB); LEAST/GREATEST skip NULLs."""
+    row = _one(spark, "SELECT CAST('NaN' AS DOUBLE) = CAST('NaN' AS DOUBLE) AS eq, "
+                      "CAST('NaN' AS DOUBLE) > CAST('Infinity' AS DOUBLE) AS gt, "
+                      "greatest(NULL, 1) AS g, least(NULL, 2) AS l, "
+                      "least(greatest(CAST('NaN' AS DOUBLE), 0.0D), 10.0D) AS clipped")
+    assert (row.eq, row.gt, row.g, row.l, row.clipped) == (True, True, 1, 2, 10.0)
+
+
+def _translated(sql: str) -> str:
+    return to_spark(sqlglot.parse_one(sql, read="duckdb")).sql(dialect="spark")
+
+
+@pytest.mark.parametrize(("duckdb_sql", "expected"), [
+    ("SELECT CAST(CAST(-7 AS BIGINT) AS INT128) >> 1", -4),
+    ("SELECT CAST(CAST(7 AS BIGINT) AS INT128) >> 1", 3),
+    ("SELECT CAST(CAST(-7 AS BIGINT) AS INT128) * 1 // 2", -3),
+    ("SELECT CAST(CAST(7 AS BIGINT) AS INT128) * 1 // 2", 3),
+    ("SELECT CAST('-170141183460469231731687303715884105' AS INT128) >> 60",
+     -170141183460469231731687303715884105 >> 60),
+])
+def test_exact_shift_and_division(spark, duckdb_sql: str, expected: int) -> None:
+    assert int(spark.sql(_translated(duckdb_sql)).collect()[0][0]) == expected
+
+
+def test_sums_are_exact_past_two_to_the_63(spark) -> None:
+    """Sums of BIGINTs in DECIMAL(38,0): exact where a BIGINT sum would overflow."""
+    sql = _translated("SELECT CAST(SUM(v) AS INT128) FROM (SELECT CAST(4611686018427387904 AS BIGINT) AS v "
+                      "FROM range(5)) AS t")
+    assert int(spark.sql(sql).collect()[0][0]) == 5 * 2**62
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+def test_file_sources(spark, tmp_path: Path, fmt: str) -> None:
+    from dpsql.spark import SparkEngine
+
+    frame = spark.createDataFrame([(1, "north", 10.0), (2, "south", 20.0), (2, "south", 30.0)],
+                                  "user_id BIGINT, region STRING, income DOUBLE")
+    folder = tmp_path / f"visits_{fmt}"
+    writer = frame.write.mode("overwrite")
+    (writer.option("header", "true").csv(str(folder)) if fmt == "csv" else getattr(writer, fmt)(str(folder)))
+    engine = SparkEngine(spark, tables={"visits": folder})
+    assert set(engine.schema()["visits"]) == {"user_id", "region", "income"}
+    total = engine.run("SELECT COUNT(*) AS n FROM " + engine.table("visits").sql(dialect="duckdb"))
+    assert total.column(0).to_pylist() == [3]
+
+
+def test_a_source_of_unknown_format_is_a_clear_error(spark, tmp_path: Path) -> None:
+    from dpsql.spark import SparkEngine
+
+    (tmp_path / "data.txt").write_text("x")
+    with pytest.raises(dpsql.Error, match="cannot tell the format"):
+        SparkEngine(spark, tables={"visits": tmp_path / "data.txt"})
+    with pytest.raises(dpsql.Error, match="cannot read"):
+        SparkEngine(spark, tables={"visits": tmp_path / "missing.parquet"})
+
+
+def test_session_views_are_the_tables_by_default(spark) -> None:
+    from dpsql.spark import SparkEngine
+
+    spark.createDataFrame([(1, 2.0)], "u BIGINT, x DOUBLE").createOrReplaceTempView("dpsql_view_test")
+    try:
+        engine = SparkEngine(spark)
+        assert engine.schema()["dpsql_view_test"] == {"u": "BIGINT", "x": "DOUBLE"}
+        assert engine.run("SELECT COUNT(*) FROM " + engine.table("dpsql_view_test").sql()).column(0).to_pylist() == [1]
+    finally:
+        spark.catalog.dropTempView("dpsql_view_test")
