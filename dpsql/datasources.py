@@ -1,0 +1,198 @@
+"""Data where it lives: policy tables read from Parquet, CSV or JSON files, a table of another
+DuckDB file, or in-memory DataFrames and Arrow tables, through one hardened DuckDB.
+
+:func:`open_sources` starts a private in-memory DuckDB and makes each policy table a view
+over its source, then closes everything else: the exact files the sources name (globs and
+folders expanded once, at open) become DuckDB's ``allowed_paths``, a DuckDB file is attached
+``READ_ONLY``, external access is switched off and the configuration locked. SQL on that
+connection can read the declared files and nothing else: not another file (``read_csv``,
+``'x.parquet'``), not a Python variable (replacement scans are off), not an extension.
+A file added to a globbed folder later is not read until the connection is reopened.
+
+Sources (``source =`` in a policy table, or the values of ``dpsql.connect(tables=...)``):
+
+- a path to a ``.parquet``, ``.csv``, ``.json``/``.jsonl``/``.ndjson`` file, a glob of them
+  (``data/visits/*.parquet``), or a folder (read recursively; ``key=value`` folders become
+  Hive partition columns);
+- ``"file.duckdb:table"``: a table (or view) of another DuckDB file;
+- a pandas or polars DataFrame, or a pyarrow Table: copied into Arrow at open, so later
+  changes to the frame are not seen.
+
+The data version (:mod:`dpsql.repeats`) of files is their identity at open (path, device,
+inode, size, modification time); in-memory frames get a fresh version at every open.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import sqlglot.expressions as exp
+
+from dpsql.errors import PolicyError
+
+__all__ = ["OpenedSources", "open_sources", "source_kind"]
+
+_READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".json": "read_json",
+            ".jsonl": "read_json", ".ndjson": "read_json"}
+_DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
+
+_CONFIG = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "python_enable_replacements": False,
+}
+
+
+@dataclass(frozen=True)
+class OpenedSources:
+    """A hardened connection whose ``main`` schema holds one view per source, and a name
+    for the data's version."""
+
+    connection: duckdb.DuckDBPyConnection
+    data_version: str
+
+
+def source_kind(source: object) -> str:
+    """What a source is: "frame", "duckdb", or a file format ("parquet", "csv", "json").
+
+    >>> source_kind("data/visits/*.parquet"), source_kind("app.duckdb:visits"), source_kind("x.csv")
+    ('parquet', 'duckdb', 'csv')
+    """
+    if not isinstance(source, str | os.PathLike):
+        return "frame"
+    text = os.fspath(source)
+    base, _, table = text.rpartition(":")
+    if table and base.endswith(_DUCKDB_SUFFIXES):
+        return "duckdb"
+    reader = _reader_for(text)
+    return reader.removeprefix("read_") if reader else "unknown"
+
+
+def _reader_for(path: str) -> str | None:
+    stem = path.rstrip("/").removesuffix("*")
+    for suffix, reader in _READERS.items():
+        if stem.endswith(suffix) or stem.endswith(suffix + ".gz") or stem.endswith(suffix + ".zst"):
+            return reader
+    if os.path.isdir(path):
+        found = {os.path.splitext(f)[1] for _, _, files in os.walk(path) for f in files}
+        return next((r for s, r in _READERS.items() if s in found), None)
+    return None
+
+
+def _files(table: str, path: str) -> list[str]:
+    """The files a path, glob or folder names, sorted; a clear error when there are none."""
+    if os.path.isdir(path):
+        files = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
+                 if not f.startswith((".", "_"))]
+    elif glob.has_magic(path):
+        files = [f for f in glob.glob(path, recursive=True) if os.path.isfile(f)]
+    else:
+        files = [path] if os.path.isfile(path) else []
+    if not files:
+        raise PolicyError(f"table {table!r}: its source {path!r} names no readable file. Check the path "
+                          "(relative paths are relative to the policy file, or to the working directory for "
+                          "dpsql.connect(tables=...)).")
+    unreadable = [f for f in files if not os.access(f, os.R_OK)]
+    if unreadable:
+        raise PolicyError(f"table {table!r}: cannot read {unreadable[0]!r} (permission denied); give the dpsql "
+                          "process read access to its source files.")
+    return sorted(os.path.abspath(f) for f in files)
+
+
+def _as_arrow(table: str, frame: Any) -> pa.Table:
+    if isinstance(frame, pa.Table):
+        return frame
+    if isinstance(frame, pa.RecordBatchReader):
+        return frame.read_all()
+    module = type(frame).__module__.split(".")[0]
+    if module == "polars":
+        return frame.to_arrow()
+    if module == "pandas":
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    raise PolicyError(f"table {table!r}: a source must be a file path, 'file.duckdb:table', a pandas or polars "
+                      f"DataFrame or a pyarrow Table, not {type(frame).__name__}.")
+
+
+def _literal(value: str) -> str:
+    return exp.Literal.string(value).sql(dialect="duckdb")
+
+
+def _ident(name: str) -> str:
+    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
+
+
+def open_sources(sources: Mapping[str, object]) -> OpenedSources:
+    """A hardened in-memory DuckDB with one view per ``sources`` entry (policy table name ->
+    source; see the module docstring).
+
+    Raises:
+        PolicyError: a source that names no readable file, a DuckDB file or table that
+            cannot be opened, a file DuckDB cannot read, or an object that is no source.
+    """
+    con = duckdb.connect(":memory:", config=_CONFIG)
+    allowed: list[str] = []
+    identity: list[str] = []
+    try:
+        for position, (table, source) in enumerate(sources.items()):
+            kind = source_kind(source)
+            if kind == "frame":
+                arrow = _as_arrow(table, source)
+                hidden = f"__dpsql_frame_{position}"
+                con.register(hidden, arrow)
+                con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(hidden)}")
+                identity.append(f"frame:{uuid.uuid4().hex}")
+            elif kind == "duckdb":
+                path, _, inner = os.fspath(source).rpartition(":")  # type: ignore[arg-type]
+                _attach(con, table, path, inner, position)
+                info = os.stat(path)
+                identity.append(f"{os.path.abspath(path)}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
+            elif kind == "unknown":
+                raise PolicyError(f"table {table!r}: cannot tell the format of {os.fspath(source)!r}; name Parquet "  # type: ignore[arg-type]
+                                  "(.parquet), CSV (.csv) or JSON (.json) files, a folder of them, or "
+                                  "'file.duckdb:table'.")
+            else:
+                path = os.fspath(source)  # type: ignore[arg-type]
+                files = _files(table, path)
+                allowed += files
+                reader = _reader_for(path) or "read_parquet"
+                options = ", hive_partitioning = true" if reader == "read_parquet" else ""
+                listed = "[" + ", ".join(_literal(f) for f in files) + "]"
+                con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {reader}({listed}{options})")
+                for f in files:
+                    info = os.stat(f)
+                    identity.append(f"{f}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
+        if allowed:
+            con.execute(f"SET allowed_paths = [{', '.join(_literal(f) for f in allowed)}]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        for table in sources:  # every view readable now, under the locked configuration
+            try:
+                con.sql(f"SELECT * FROM {_ident(table)} LIMIT 0").fetchall()
+            except duckdb.Error as e:
+                raise PolicyError(f"table {table!r}: DuckDB cannot read its source: {str(e).splitlines()[0]}") from None
+    except BaseException:
+        con.close()
+        raise
+    version = "sources:" + hashlib.sha256("\n".join(identity).encode()).hexdigest()[:32]
+    return OpenedSources(con, version)
+
+
+def _attach(con: duckdb.DuckDBPyConnection, table: str, path: str, inner: str, position: int) -> None:
+    if not os.path.isfile(path):
+        raise PolicyError(f"table {table!r}: the DuckDB file {path!r} does not exist.")
+    alias = f"__dpsql_src_{position}"
+    try:
+        con.execute(f"ATTACH {_literal(os.path.abspath(path))} AS {_ident(alias)} (READ_ONLY)")
+        con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(alias)}.main.{_ident(inner)}")
+    except duckdb.Error as e:
+        raise PolicyError(f"table {table!r}: cannot open table {inner!r} of {path!r}: {str(e).splitlines()[0]}. "
+                          "If this process has the file open read-write, pass that connection instead.") from None

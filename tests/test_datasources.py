@@ -1,0 +1,124 @@
+"""Declared sources on DuckDB: Parquet/CSV/JSON files, globs, Hive folders, a table of
+another DuckDB file, DataFrames and Arrow tables; exactly those readable, nothing else."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dpsql
+from dpsql.datasources import open_sources, source_kind
+
+VISITS = pa.table({"user_id": [1, 2, 2, 3], "region": ["north", "south", "south", "east"],
+                   "income": [10.0, 20.0, None, float("nan")]})
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    pq.write_table(VISITS.slice(0, 2), tmp_path / "visits_a.parquet")
+    pq.write_table(VISITS.slice(2, 2), tmp_path / "visits_b.parquet")
+    VISITS.to_pandas().to_csv(tmp_path / "visits.csv", index=False)
+    VISITS.to_pandas().to_json(tmp_path / "visits.json", orient="records", lines=True)
+    hive = tmp_path / "hive" / "region=north"
+    hive.mkdir(parents=True)
+    pq.write_table(VISITS.select(["user_id", "income"]), hive / "part-0.parquet")
+    (tmp_path / "secret.csv").write_text("password\nhunter2\n")
+    with duckdb.connect(str(tmp_path / "app.duckdb")) as con:
+        con.execute("CREATE TABLE visits AS SELECT * FROM VISITS")
+        con.execute("CREATE TABLE secrets AS SELECT 'hunter2' AS password")
+    return tmp_path
+
+
+def _count(opened, table: str = "visits") -> int:
+    return opened.connection.sql(f'SELECT COUNT(*) FROM "{table}"').fetchall()[0][0]
+
+
+@pytest.mark.parametrize(("source", "rows"), [
+    ("visits_a.parquet", 2), ("visits_*.parquet", 4), ("visits.csv", 4), ("visits.json", 4),
+    ("hive", 4), ("app.duckdb:visits", 4),
+])
+def test_each_kind_of_source_reads(files: Path, source: str, rows: int) -> None:
+    opened = open_sources({"visits": os.path.join(files, source)})
+    assert _count(opened) == rows
+    opened.connection.close()
+
+
+def test_hive_folders_become_columns(files: Path) -> None:
+    opened = open_sources({"visits": files / "hive"})
+    assert opened.connection.sql('SELECT DISTINCT region FROM "visits"').fetchall() == [("north",)]
+
+
+@pytest.mark.parametrize("frame", [VISITS, VISITS.to_pandas()], ids=["arrow", "pandas"])
+def test_frames_are_sources(frame) -> None:
+    opened = open_sources({"visits": frame})
+    assert _count(opened) == 4
+    assert opened.data_version != open_sources({"visits": frame}).data_version  # a new snapshot each open
+
+
+def test_polars_frames_are_sources() -> None:
+    pl = pytest.importorskip("polars")
+    assert _count(open_sources({"visits": pl.from_arrow(VISITS)})) == 4
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_csv('{d}/secret.csv')",
+    "SELECT * FROM '{d}/secret.csv'",
+    "SELECT * FROM read_parquet('{d}/visits_b.parquet')",
+    "COPY (SELECT 1) TO '{d}/out.csv'",
+    "ATTACH '{d}/app.duckdb' AS other",
+    "SET enable_external_access = true",
+    "SELECT * FROM frame_in_python",
+    "INSTALL httpfs",
+])
+def test_nothing_but_the_declared_files_is_reachable(files: Path, sql: str) -> None:
+    frame_in_python = VISITS  # noqa: F841 - a replacement scan would find it
+    opened = open_sources({"visits": files / "visits_a.parquet"})
+    with pytest.raises(duckdb.Error):
+        opened.connection.sql(sql.format(d=files)).fetchall()
+
+
+def test_a_duckdb_source_exposes_only_its_table(files: Path) -> None:
+    opened = open_sources({"visits": f"{files}/app.duckdb:visits"})
+    names = {r[0] for r in opened.connection.sql("SELECT table_name FROM duckdb_tables() UNION ALL "
+                                                 "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    assert "visits" in names
+    assert names <= {"visits", "secrets"}  # the attached file is listed; only "visits" is a view of main
+    schema_main = opened.connection.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal "
+                                        "AND database_name = current_database()").fetchall()
+    assert schema_main == [("visits",)]
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("missing.parquet", "names no readable file"),
+    ("nothing_*.parquet", "names no readable file"),
+    ("data.txt", "cannot tell the format"),
+    ("missing.duckdb:visits", "does not exist"),
+    ("app.duckdb:nope", "cannot open table 'nope'"),
+])
+def test_bad_sources_are_clear_policy_errors(files: Path, source: str, message: str) -> None:
+    (files / "data.txt").write_text("x")
+    with pytest.raises(dpsql.PolicyError, match=message):
+        open_sources({"visits": os.path.join(files, source)})
+
+
+def test_not_a_source_is_a_clear_policy_error() -> None:
+    with pytest.raises(dpsql.PolicyError, match="pandas or polars DataFrame or a pyarrow Table"):
+        open_sources({"visits": 42})
+
+
+def test_data_version_follows_the_files(files: Path) -> None:
+    path = files / "visits_a.parquet"
+    first = open_sources({"visits": path}).data_version
+    assert open_sources({"visits": path}).data_version == first
+    pq.write_table(VISITS, path)
+    assert open_sources({"visits": path}).data_version != first
+
+
+def test_source_kinds() -> None:
+    assert [source_kind(s) for s in ("a.parquet", "d/*.csv", "x.ndjson", "f.duckdb:t", VISITS)] == [
+        "parquet", "csv", "json", "duckdb", "frame"]
