@@ -36,9 +36,10 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
+from dpsql.engine import DuckDBEngine
 from dpsql.errors import PolicyError
 
-__all__ = ["OpenedSources", "open_sources", "source_kind"]
+__all__ = ["OpenedSources", "SourcesEngine", "open_sources", "source_kind"]
 
 _READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".json": "read_json",
             ".jsonl": "read_json", ".ndjson": "read_json"}
@@ -196,3 +197,19 @@ def _attach(con: duckdb.DuckDBPyConnection, table: str, path: str, inner: str, p
     except duckdb.Error as e:
         raise PolicyError(f"table {table!r}: cannot open table {inner!r} of {path!r}: {str(e).splitlines()[0]}. "
                           "If this process has the file open read-write, pass that connection instead.") from None
+
+
+class SourcesEngine(DuckDBEngine):
+    """The DuckDB engine over :func:`open_sources`: owns its hardened connection, and names
+    the data by its sources' identity (see the module docstring)."""
+
+    def __init__(self, sources: Mapping[str, object]) -> None:
+        opened = open_sources(sources)
+        super().__init__(opened.connection)
+        self._sources_version = opened.data_version
+
+    def data_version(self) -> str:
+        return self._sources_version
+
+    def close(self) -> None:
+        self._con.close()

@@ -122,3 +122,32 @@ def test_data_version_follows_the_files(files: Path) -> None:
 def test_source_kinds() -> None:
     assert [source_kind(s) for s in ("a.parquet", "d/*.csv", "x.ndjson", "f.duckdb:t", VISITS)] == [
         "parquet", "csv", "json", "duckdb", "frame"]
+
+
+def test_the_pipeline_answers_over_sources(files: Path) -> None:
+    from dpsql.datasources import SourcesEngine
+    from dpsql.policy import parse_policy
+
+    policy = parse_policy("""
+[privacy]
+max_epsilon_per_query = 10.0
+max_delta_per_query = 1e-5
+default_epsilon = 1.0
+[budget]
+default = { epsilon = 100.0, delta = 0.1 }
+[tables.visits]
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.visits.columns]
+region = { public_values = ["north", "south", "east"] }
+income = { bounds = [0, 100] }
+""")
+    engine = SourcesEngine({"visits": files / "visits_*.parquet"})
+    conn = dpsql.Connection(engine, policy, "t", dpsql.Ledger(None, accountant=policy.accountant))
+    rows = conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region", epsilon=5.0).fetchall()
+    assert sorted(r[0] for r in rows) == ["east", "north", "south"]
+    assert engine.data_version().startswith("sources:")
+    conn.close()
+    with pytest.raises(duckdb.Error):
+        engine.run("SELECT 1")  # closed with the connection
