@@ -95,13 +95,14 @@ def test_left_join_keeps_unmatched_private_rows(conn) -> None:
 
 
 @pytest.mark.attack
-def test_private_tables_join_on_their_unit_with_the_stricter_caps(conn) -> None:
+def test_private_tables_join_on_their_unit_with_composed_caps(conn) -> None:
     sql = "SELECT COUNT(*), SUM(o.amount) FROM visits v JOIN orders o ON v.user_id = o.user_id"
     exact, plan = _exact(conn, sql)
-    assert plan.max_rows_per_unit == 2 and plan.max_groups_per_unit == 1  # no keys: one group
+    # rows: the product of the caps (4 x 2); no keys: one group
+    assert plan.max_rows_per_unit == 8 and plan.max_groups_per_unit == 1
     count, total = plan.measurements
-    # unit 1: 2 visits x 3 orders = 6 joined rows, capped at 2; unit 2: 1 x 1 = 1
-    assert exact[None][count.name] == 3
+    # unit 1: 2 visits x 3 orders = 6 joined rows <= 8, all kept; unit 2: 1 x 1 = 1
+    assert exact[None][count.name] == 7
 
 
 @pytest.mark.attack
