@@ -1,4 +1,4 @@
-"""VAR/STDDEV half-widths (issue 15, item 4): the formulas of dpsql/spread_interval.py against
+"""VAR/STDDEV half-widths (issue 15, item 4): the formulas of dpsql/release/spread.py against
 simulation. The noise here is the test's own (numpy, seeded): these check the interval
 arithmetic, not a production sampler. End to end, through the pipeline and its samplers:
 tests/test_variance_coverage.py.
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from dpsql.spread_interval import laplace_sum_quantile, spread_half_widths, stddev_half_width
+from dpsql.release.spread import laplace_sum_quantile, spread_half_widths, stddev_half_width
 
 
 @pytest.mark.parametrize("scales", [(1.0, 1.0, 1.0), (1.0, 0.5, 0.2), (3.0, 1e-12, 0.0), (1.0, 1.0001, 0.9999)])

@@ -41,6 +41,7 @@ import pyarrow as pa
 from dpsql.analyze.calibrate import square_offset
 from dpsql.noise import RandomSource
 from dpsql.plan import Aggregate, Measurement, QueryPlan, ValueRelease
+from dpsql.release.spread import spread_half_widths, stddev_half_width
 from dpsql.release.udf import UDFRelease
 from dpsql.release.values import release_values
 
@@ -257,8 +258,10 @@ def _spread(
     """VAR/STDDEV from noisy centred sums: ``var = S2/N - (S1/N)^2`` clamped to ``[0, h^2]``.
 
     ``S2 = sum (x - mid)^2`` is the noisy ``sum_squares`` plus ``N h^2/2`` (its centring).
-    The half-width is a first-order propagation of the three noise terms (documented as an
-    approximation, like AVG's), capped at ``h^2`` (``h`` for STDDEV).
+    The half-width (:mod:`dpsql.release.spread`) is the exact 95% quantile of the
+    first-order error of the three noise terms, capped at ``h^2``; STDDEV's interval holds
+    the square root of VAR's (capped at ``h``). Coverage through the pipeline, 1,000 runs:
+    94.7% to 95.8% (``benchmarks/variance_coverage.py``).
     """
     assert agg.bounds is not None
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # clamped below
@@ -272,21 +275,27 @@ def _spread_values(
     h = (agg.bounds[1] - agg.bounds[0]) / 2
     n = np.maximum(released[count.name] * count.lattice, 1.0)
     s1 = released[total.name] * total.lattice
-    s2 = released[squares.name] * squares.lattice + n * square_offset(agg.bounds)
+    r2 = released[squares.name] * squares.lattice
     mean = s1 / n
-    var = np.clip(s2 / n - mean**2, 0.0, h * h)
-    sd_var = np.sqrt(
-        (squares.noise_std / n) ** 2
-        + (2 * mean * total.noise_std / n) ** 2
-        + ((2 * mean**2 - s2 / n) * count.noise_std / n) ** 2
-    )
+    var = np.clip(r2 / n + square_offset(agg.bounds) - mean**2, 0.0, h * h)
+    half = spread_half_widths(_mechanism(squares, total, count), n, mean, r2 / n, _noise_scales(squares, total, count))
     if agg.function.endswith("_samp"):
         scale = np.where(n > 1.5, n / np.maximum(n - 1, 1.0), 1.0)
-        var, sd_var = np.clip(var * scale, 0.0, h * h), sd_var * scale
+        var, half = np.clip(var * scale, 0.0, h * h), half * scale
+    half = np.minimum(half, h * h)
     if agg.function.startswith("stddev"):
-        sd = np.sqrt(var)
-        return sd, np.minimum(Z95 * sd_var / np.maximum(2 * sd, 1e-300), h)
-    return var, np.minimum(Z95 * sd_var, h * h)
+        return np.sqrt(var), stddev_half_width(var, half, h)
+    return var, half
+
+
+def _mechanism(*measurements: Measurement) -> str:
+    names = {m.mechanism for m in measurements}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def _noise_scales(*measurements: Measurement) -> tuple[float, float, float]:
+    """Laplace scales (Laplace noise) or standard deviations (otherwise), in column units."""
+    return tuple(_laplace_scale(m) if m.mechanism == "laplace" else m.noise_std for m in measurements)  # type: ignore[return-value]
 
 
 _ARROW_TYPES = {
