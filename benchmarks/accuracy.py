@@ -55,3 +55,17 @@ for i in range(runs):
     (t,) = conn.execute("SELECT trimmed_mean(income) FROM visits", epsilon=1.0).fetchall()[0]
     tm_hits += abs(t - true_tm) <= 0.05 * true_tm
 print(f"MEDIAN(age) eps=1 delta=1e-7: within 3 years of {true_median} in {med_hits}/{runs}; trimmed_mean(income) eps=1: within 5% of {true_tm:.0f} (all rows, unbounded) in {tm_hits}/{runs}")
+# Issue 15: per-group MEDIAN(age) with delta = 0 (sample-and-aggregate) and delta > 0 (the
+# strategy with the smallest modelled error: sample-and-aggregate, PTR or smooth sensitivity)
+group_truth = dict(duckdb.connect(db, read_only=True).sql(
+    "select region, median(age) from (select user_id, region, any_value(least(greatest(age, 0), 100)) age "
+    "from visits where age is not null group by 1, 2) group by 1").fetchall())
+for delta in (0.0, 1e-7):
+    errors, chosen = [], set()
+    for i in range(20):
+        conn._ledger.close(); conn._ledger = dpsql.Ledger(None)
+        res = conn.execute("SELECT region, MEDIAN(age) AS m FROM visits GROUP BY region", epsilon=1.0, delta=delta)
+        errors += [abs(m - group_truth[r]) if m is not None else 50.0 for r, m in res.fetchall()]
+        chosen.add(res.privacy.columns["m"].mechanism)
+    print(f"MEDIAN(age) GROUP BY region, eps=1, delta={delta:g}: mean abs error {np.mean(errors):.2f}, "
+          f"median {np.median(errors):.2f}, max {max(errors):.2f} over {len(errors)} cells ({', '.join(sorted(chosen))})")

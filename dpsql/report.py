@@ -102,7 +102,7 @@ def with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]
 def _expected_value_privacy(releases: list[ValueRelease]) -> ColumnPrivacy:
     """The mechanism an order statistic or UDF is expected to use, before running: the
     choice is made per group from a noisy unit count, so this models a group of
-    ``_NOMINAL_UNITS`` units (it decides only between PTR and smooth sensitivity)."""
+    ``_NOMINAL_UNITS`` units."""
     names = {"smooth": "smooth_sensitivity", "ptr": "ptr", "sample_and_aggregate": "sample_and_aggregate"}
     described = []
     for r in releases:
@@ -141,4 +141,14 @@ def privacy_report(plan: QueryPlan) -> PrivacyReport:
         simple = len(used) == 1 and used[0].function in ("count", "count_distinct", "sum") and bare.name in by_name
         std = measurements[0].noise_std if simple else None
         columns[name] = ColumnPrivacy(mechanisms, std, tuple(m.describe() for m in measurements))
-    return PrivacyReport(plan.epsilon, plan.delta, columns, plan.notes)
+    notes = plan.notes + ((bias_note(plan),) if plan.measurements or plan.value_releases else ())
+    return PrivacyReport(plan.epsilon, plan.delta, columns, notes)
+
+
+def bias_note(plan: QueryPlan) -> str:
+    """What every noisy cell's interval leaves out (issue 15): the bias of bounding."""
+    return (f"± is a 95% interval of the noise only. Contribution bounding is not in it: rows beyond "
+            f"{plan.max_rows_per_unit} per person and group or beyond {plan.max_groups_per_unit} group(s) "
+            "per person are dropped, and values are clipped into their bounds, which can bias an answer "
+            "(a COUNT or SUM of non-negative values only downwards). The data owner measures that bias "
+            "with `dpsql policy check --db`.")

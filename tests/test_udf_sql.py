@@ -136,9 +136,14 @@ def test_forced_ptr_refusal_is_charged_and_null(tmp_path: Path) -> None:
 
 def test_explain_names_the_strategy_before_running(conn) -> None:
     before = conn.budget().queries
-    with_delta = conn.explain("SELECT MEDIAN(x) AS m FROM t", epsilon=1.0, delta=1e-6)
+    with_delta = conn.explain("SELECT MEDIAN(x) AS m FROM t", epsilon=10.0, delta=1e-6)
     assert with_delta.columns["m"].mechanism == "smooth_sensitivity"
-    assert "smooth sensitivity" in with_delta.columns["m"].measurements[0]["why"]
+    why = with_delta.columns["m"].measurements[0]["why"]
+    assert all(name in why for name in ("smooth sensitivity", "PTR", "sample-and-aggregate"))
+    # at epsilon 1 a group of the nominal 1,000 units is better off with sample-and-aggregate
+    # (modelled 3.3 against 5.2 for smooth sensitivity), delta or not (issue 15)
+    small = conn.explain("SELECT MEDIAN(x) AS m FROM t", epsilon=1.0, delta=1e-6)
+    assert small.columns["m"].mechanism == "sample_and_aggregate"
     without = conn.explain("SELECT MEDIAN(x) AS m FROM t", epsilon=1.0)
     assert without.columns["m"].mechanism == "sample_and_aggregate"
     assert conn.budget().queries == before
