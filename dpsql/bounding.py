@@ -50,6 +50,9 @@ from dpsql.errors import PolicyError
 
 __all__ = [
     "DEFAULT_SHARE",
+    "add_suggest_command",
+    "check_lines",
+    "run_suggest",
     "CapFigures",
     "ColumnFigures",
     "DeltaProblem",
@@ -641,3 +644,58 @@ def format_suggestion(s: Suggestion) -> list[str]:
     lines.append("# what these keep, and the noise they cost (exact figures: do not share them)")
     lines += ["# " + line.strip() for line in format_report(s.report)]
     return lines
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def check_lines(policy: object, database: str | DuckDBEngine) -> list[str]:
+    """``dpsql policy check POLICY --db DB``: the delta guard (raises), then the report.
+
+    Raises:
+        PolicyError: the per-query delta cap is too large for a table (:func:`delta_guard`).
+    """
+    engine, owned = _engine(database)
+    try:
+        problems = delta_guard(policy, engine)
+        if problems:
+            raise PolicyError("\n".join(p.message(policy.source) for p in problems))  # type: ignore[attr-defined]
+        lines = ["bounding (exact figures read from the data: for the data owner only, never share them):"]
+        for report in policy_reports(policy, engine):
+            lines += format_report(report)
+        return lines
+    finally:
+        if owned:
+            engine.close()
+
+
+def add_suggest_command(commands: object) -> None:
+    """Register ``dpsql policy suggest`` on the ``policy`` subparsers."""
+    suggest_cmd = commands.add_parser(  # type: ignore[attr-defined]
+        "suggest", help="propose caps and bounds that keep a share of the rows and sums (owner only)")
+    suggest_cmd.add_argument("table", metavar="TABLE", help="the table to bound")
+    suggest_cmd.add_argument("--db", required=True, help="the DuckDB file (read-only)")
+    suggest_cmd.add_argument("--policy", help="take the unit, columns and group keys from this policy")
+    suggest_cmd.add_argument("--unit", help="the privacy unit column (default: the policy's; none: each row)")
+    suggest_cmd.add_argument("--share", type=float, default=DEFAULT_SHARE,
+                             help="share of rows and of column sums to keep (default 0.99)")
+    suggest_cmd.add_argument("--epsilon", type=float, default=REFERENCE_EPSILON,
+                             help="epsilon at which to price the noise (default 1)")
+    suggest_cmd.set_defaults(command=run_suggest)
+
+
+def run_suggest(args: object) -> int:
+    """``dpsql policy suggest --db DB TABLE``: print the suggestion as TOML, then its report."""
+    unit, columns, groupings = getattr(args, "unit", None), None, None
+    if getattr(args, "policy", None):
+        from dpsql.policy import load_policy  # noqa: PLC0415
+
+        table = load_policy(args.policy).table(args.table)  # type: ignore[attr-defined]
+        if table is None or table.public:
+            raise PolicyError(f"{args.policy}: table {args.table!r} is not a private table of the policy")  # type: ignore[attr-defined]
+        bounds, groupings = _policy_inputs(table)
+        unit, columns = unit or table.privacy_unit, list(bounds) or None
+    s = suggest(args.db, args.table, unit=unit, share=args.share, columns=columns,  # type: ignore[attr-defined]
+                groupings=groupings, epsilon=args.epsilon)  # type: ignore[attr-defined]
+    print("\n".join(format_suggestion(s)))
+    return 0
