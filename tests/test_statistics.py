@@ -47,7 +47,7 @@ from dpsql.plan import Measurement, QueryPlan
 from dpsql.policy import Policy
 from dpsql.rewrite import bounded_query
 
-from conftest import (
+from stats_tables import (
     CLIP_BOUNDS,
     GROUPPICK_MAX_GROUPS,
     GROUPPICK_PER_UNIT,
