@@ -75,6 +75,14 @@ def described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
     return selection + tuple(m.describe() for m in plan.measurements) + values
 
 
+#: Why a smooth-sensitivity answer has no ± (issue 15 item 4: a stated reason where none exists).
+NO_HALF_WIDTH = (
+    "no ± for smooth sensitivity: its noise scale, 2 S / epsilon, is set by the smooth sensitivity "
+    "S of this data, which is not private, so no interval is released. Sample-and-aggregate "
+    "(delta = 0, or a UDF registered with strategy='sample_and_aggregate') and PTR release one."
+)
+
+
 def with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]) -> Result:
     """The privacy report with what each order statistic or UDF actually used, and why."""
     if not report:
@@ -92,6 +100,8 @@ def with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]
         why = str(outs[0].parameters.get("why", ""))  # type: ignore[attr-defined]
         per_group = f" (chosen per group from a noisy unit count; first group shown)" if len(outs) > 1 else ""
         notes.append(f"{name}: {why}{per_group}")
+        if any(o.half_width is None and not o.refused for o in outs):  # type: ignore[attr-defined]
+            notes.append(f"{name}: {NO_HALF_WIDTH}")
         refused = sum(bool(o.refused) for o in outs)  # type: ignore[attr-defined]
         if refused:
             notes.append(f"{name}: {refused} of {len(outs)} group(s) refused by PTR (NULL): {outs[0].reason or 'unstable'}")  # type: ignore[attr-defined]
