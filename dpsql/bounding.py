@@ -441,22 +441,23 @@ def _smallest_mass_cap(counts: np.ndarray, mass: np.ndarray, target: float) -> i
 
 
 def _suggest_groups(src: _Source, column: str, values: Sequence[object] | None, r: int, share: float) -> int:
-    """The smallest L0 with expected kept rows >= share of what R alone keeps."""
+    """The smallest L0 with expected kept rows >= ``share`` of the grouping's rows (or, if R
+    alone keeps less than that, of what R keeps)."""
     key = _ident(column)
     listed = "TRUE" if values is None else (
         f"{key} IN ({', '.join(exp.convert(v).sql(dialect='duckdb') for v in values)})" if values else "FALSE")
     rows = src.rows(f"""
-        SELECT g, sum(capped) FROM (
-            SELECT u, count(*) AS g, sum(least(n, {r})) AS capped FROM (
+        SELECT g, sum(capped), sum(total) FROM (
+            SELECT u, count(*) AS g, sum(least(n, {r})) AS capped, sum(n) AS total FROM (
                 SELECT {src.unit} AS u, {key} AS k, count(*) AS n FROM {src.ref}
                 WHERE {key} IS NOT NULL AND {listed} GROUP BY ALL) GROUP BY u) GROUP BY g ORDER BY g""")
     if not rows:
         return 1
     g = np.array([row[0] for row in rows], dtype=np.float64)
     capped = np.array([float(row[1]) for row in rows])
-    total = capped.sum()
+    target = min(share * sum(float(row[2]) for row in rows), capped.sum())
     for l0 in range(1, int(g.max()) + 1):
-        if (capped * np.minimum(g, l0) / g).sum() >= share * total - 1e-9:
+        if (capped * np.minimum(g, l0) / g).sum() >= target - 1e-9:
             return l0
     return int(g.max())
 
@@ -487,16 +488,17 @@ def _suggest_bounds(src: _Source, column: str, share: float) -> tuple[float, flo
     if x[0] >= 0:
         upper = max(_upper_by_mass(x, (1 - share) / 2), float(np.quantile(x, share)))
         return 0.0, _nice(upper, up=True) if upper > 0 else 1.0
-    tail = (1 - share) / 2
-    upper = max(_upper_by_mass(np.clip(x, 0, None), tail / 2), float(np.quantile(x, 1 - tail)))
-    lower = min(-_upper_by_mass(np.sort(np.clip(-x, 0, None)), tail / 2), float(np.quantile(x, tail)))
+    tail, total = (1 - share) / 2, float(np.abs(x).sum())
+    upper = max(_upper_by_mass(np.clip(x, 0, None), tail / 2, total), float(np.quantile(x, 1 - tail)))
+    lower = min(-_upper_by_mass(np.sort(np.clip(-x, 0, None)), tail / 2, total), float(np.quantile(x, tail)))
     lo, hi = _nice(lower, up=False), _nice(upper, up=True)
     return (lo, hi) if lo < hi else (lo, lo + 1.0)
 
 
-def _upper_by_mass(sorted_x: np.ndarray, allowance: float) -> float:
-    """The smallest u with ``sum (x - u)+ <= allowance * sum |x|`` (x sorted, >= 0)."""
-    total = float(np.abs(sorted_x).sum())
+def _upper_by_mass(sorted_x: np.ndarray, allowance: float, total: float | None = None) -> float:
+    """The smallest u with ``sum (x - u)+ <= allowance * total`` (x sorted, >= 0; ``total``
+    defaults to ``sum x``: the whole column's absolute sum when x is one of its tails)."""
+    total = float(np.abs(sorted_x).sum()) if total is None else total
     if total <= 0:
         return 0.0
     # excess(u) at u = x_j: sum_{i > j} x_i - (n - j - 1) x_j, non-increasing in j.
@@ -524,7 +526,7 @@ def suggest(
       ungrouped query (where R binds hardest: a unit's rows are all in one group), and
       ``share`` of each column's sum once clipped (so an ungrouped SUM keeps ``share``);
     - ``max_groups_per_unit``: the smallest L0 that, for every grouping column, keeps
-      ``share`` of the rows R keeps there (1 when there is none).
+      ``share`` of its rows (1 when there is none).
 
     The report of the suggestion shows what it keeps and the noise it costs.
     """

@@ -109,8 +109,18 @@ def _parser() -> argparse.ArgumentParser:
     policy_commands = policy.add_subparsers(title="commands", metavar="COMMAND", required=True)
     check = policy_commands.add_parser("check", help="check a policy file (and a database against it)")
     check.add_argument("policy", metavar="POLICY", help="the TOML policy file")
-    check.add_argument("--db", help="also check that this DuckDB file matches the policy")
+    check.add_argument("--db", help="also check that this DuckDB file matches the policy, that its delta "
+                       "suits the tables' sizes, and report what the caps and bounds keep (exact: owner only)")
     check.set_defaults(command=run_policy_check)
+    suggest = policy_commands.add_parser(
+        "suggest", help="propose caps and bounds keeping a share of rows and sums (exact: owner only)")
+    suggest.add_argument("table", metavar="TABLE", help="the table to bound")
+    suggest.add_argument("--db", required=True, help="the DuckDB file (opened read-only)")
+    suggest.add_argument("--policy", help="take the unit, bounded columns and group keys from this policy")
+    suggest.add_argument("--unit", help="the privacy unit column (default: the policy's; none: each row is one)")
+    suggest.add_argument("--share", type=float, default=0.99, help="share of rows and of sums to keep (0.99)")
+    suggest.add_argument("--epsilon", type=float, default=1.0, help="epsilon at which to price the noise (1)")
+    suggest.set_defaults(command=run_policy_suggest)
 
     token = commands.add_parser("token", help="create or revoke an analyst's token for dpsql serve")
     token_commands = token.add_subparsers(title="commands", metavar="COMMAND", required=True)
@@ -263,18 +273,29 @@ def run_budget(args: argparse.Namespace) -> int:
 def run_policy_check(args: argparse.Namespace) -> int:
     """``dpsql policy check``: load the policy (and match it to ``--db``), then summarise it."""
     policy = load_policy(args.policy)
-    against = ""
+    against, bounding = "", []
     if args.db is not None:
         engine = DuckDBEngine(args.db)
         try:
             check_against_schema(policy, engine.schema())
+            from dpsql.bounding import check_lines  # noqa: PLC0415 - the owner's exact figures
+
+            bounding = check_lines(policy, engine)  # a PolicyError if delta is too large for n
         finally:
             engine.close()
         against = f"; matches database {args.db}"
     columns = sum(len(table.columns) for table in policy.tables.values())
     print(f"OK: {policy.source}: {len(policy.tables)} tables, {columns} columns{against}")
     print("\n".join(_describe_policy(policy)))
+    print("\n".join(bounding))
     return 0
+
+
+def run_policy_suggest(args: argparse.Namespace) -> int:
+    """``dpsql policy suggest``: caps and bounds as TOML, and what they keep (owner only)."""
+    from dpsql.bounding import run_suggest  # noqa: PLC0415
+
+    return run_suggest(args)
 
 
 def _describe_policy(policy: Policy) -> list[str]:
