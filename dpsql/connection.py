@@ -65,6 +65,7 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
+from dpsql.release.clamp import clamp_result
 from dpsql.result import Result
 from dpsql.rewrite import bounded_query, salt_parameters, value_query
 from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
@@ -266,11 +267,15 @@ class Connection:
             public_values=self._public_values, udfs=self._udfs,
         )
 
-    def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Result:
+    def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
+                clamp_counts: bool = False) -> Result:
         """Answer ``sql`` with differential privacy, charging (epsilon, delta).
 
         A repeat (same analyst, normalised SQL, epsilon, delta, policy and data version)
         returns the answer already released and charges nothing; see the module docstring.
+        ``clamp_counts=True`` shows a negative bare COUNT, or SUM of a column with lower
+        bound >= 0, as 0 (post-processing, free; the interval stays valid:
+        :mod:`dpsql.release.clamp`).
 
         Raises:
             QueryRejected, PolicyViolation: the query cannot be answered; nothing charged.
@@ -282,8 +287,10 @@ class Connection:
             return answer_local(sql, self._policy, self._reports)
         plan = self.plan(sql, epsilon=epsilon, delta=delta)
         if self._timing is None or self.is_repeat(plan, sql):
-            return self._execute(plan, sql)
-        return self._timing.hold(lambda late: self._execute(plan, sql, late), self._timing.deadline(plan))
+            result = self._execute(plan, sql)
+        else:
+            result = self._timing.hold(lambda late: self._execute(plan, sql, late), self._timing.deadline(plan))
+        return clamp_result(result, plan) if clamp_counts else result
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
