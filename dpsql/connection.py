@@ -65,6 +65,7 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
+from dpsql.release.bias import BIAS_SHARE, bias_mechanism, estimate_dropped
 from dpsql.release.clamp import clamp_result
 from dpsql.result import Result
 from dpsql.rewrite import bounded_query, salt_parameters, value_query
@@ -268,7 +269,8 @@ class Connection:
         )
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
-                clamp_counts: bool = False) -> Result:
+                clamp_counts: bool = False,
+                bias: bool = False) -> Result:
         """Answer ``sql`` with differential privacy, charging (epsilon, delta).
 
         A repeat (same analyst, normalised SQL, epsilon, delta, policy and data version)
@@ -276,6 +278,9 @@ class Connection:
         ``clamp_counts=True`` shows a negative bare COUNT, or SUM of a column with lower
         bound >= 0, as 0 (post-processing, free; the interval stays valid:
         :mod:`dpsql.release.clamp`).
+        ``bias=True`` spends 10% of the query's epsilon (charged with it, before any data is
+        read) on a noisy count of the selected rows the caps dropped: ``res.bias`` and a note
+        in ``res.privacy`` (:mod:`dpsql.release.bias`); such a query is never a free repeat.
 
         Raises:
             QueryRejected, PolicyViolation: the query cannot be answered; nothing charged.
@@ -285,12 +290,41 @@ class Connection:
         if references_local_table(sql, self._policy):  # local DP: post-processing, no charge
             self._check_open()
             return answer_local(sql, self._policy, self._reports)
+        if bias:  # the estimate takes its share of the query's epsilon
+            epsilon = (self._policy.default_epsilon if epsilon is None else epsilon) * (1 - BIAS_SHARE)
         plan = self.plan(sql, epsilon=epsilon, delta=delta)
-        if self._timing is None or self.is_repeat(plan, sql):
+        if bias:
+            result = self._execute_with_bias(plan, sql)
+        elif self._timing is None or self.is_repeat(plan, sql):
             result = self._execute(plan, sql)
         else:
             result = self._timing.hold(lambda late: self._execute(plan, sql, late), self._timing.deadline(plan))
         return clamp_result(result, plan) if clamp_counts else result
+
+    def _execute_with_bias(self, plan: QueryPlan, sql: str) -> Result:
+        """The query at ``1 - BIAS_SHARE`` of the epsilon asked and the dropped-rows estimate
+        at the rest: one charge for both, before any data is read; no repeat store."""
+        from dataclasses import replace as _replace  # noqa: PLC0415
+
+        from dpsql.privacy import Charge  # noqa: PLC0415
+
+        base = charge_of(plan, sql)
+        share = plan.epsilon * BIAS_SHARE / (1 - BIAS_SHARE)
+        charge = Charge(base.epsilon + share, base.delta, sql, (*base.mechanisms, bias_mechanism(plan, share)))
+        self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)  # before any data
+        noisy, report = self._read(plan)
+        table, cells = self._post.run(plan, noisy)
+        result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
+        try:
+            estimate = estimate_dropped(plan, self._engine, share, self._source)
+        except Exception as exc:  # noqa: BLE001 - charged: the one fixed failure, as in _read
+            log.warning("a charged bias estimate failed (%s)", type(exc).__name__)
+            estimate = None
+        if estimate is None:
+            raise QueryFailed()
+        result.bias = estimate  # type: ignore[attr-defined]
+        result.privacy = _replace(result.privacy, epsilon=charge.epsilon, notes=(*result.privacy.notes, estimate.note()))
+        return result
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
