@@ -81,3 +81,29 @@ def test_grouped_estimate_counts_groups_beyond_the_cap(tmp_path) -> None:
             b = conn.execute("SELECT k, COUNT(*) AS n FROM t GROUP BY k", epsilon=10.0, bias=True).bias
             misses += abs(b.dropped_rows - 800) > b.half_width
     assert misses <= 5  # 95% coverage: P(more than 5 misses of 20) < 0.003
+
+
+def test_one_unit_moves_the_exact_estimate_by_at_most_the_clip(tmp_path) -> None:
+    """D' = D plus one unit with 5,000 rows over 50 groups (far beyond every cap): the
+    exact (noise-free) fixed-point sum moves by at most C x 2**8 steps, the sensitivity the
+    noise is calibrated to; and D' with a unit of 2 rows (within the caps) moves it by 0."""
+    from dpsql.release.bias import FRACTION_BITS, clip_per_unit, dropped_rows_query
+
+    policy = parse_policy(POLICY.replace('k = { public_values = ["a", "b", "c"] }', 'k = { access = "group" }'))
+    base = "CREATE TABLE t AS SELECT r % 300 AS u, 1.0 AS x, 'k' || (r % 7) AS k FROM range(6000) s(r)"
+    exact, clip = {}, {}
+    for name, extra in (("D", None), ("heavy", "SELECT 999999, 1.0, 'g' || (r % 50) FROM range(5000) s(r)"),
+                        ("light", "SELECT 999999, 1.0, 'k1' FROM range(2)")):
+        path = str(tmp_path / f"{name}.duckdb")
+        with duckdb.connect(path) as con:
+            con.execute(base)
+            if extra:
+                con.execute(f"INSERT INTO t {extra}")
+        with dpsql.connect(path, policy=policy, analyst="n") as conn:
+            for sql in ("SELECT COUNT(*) FROM t", "SELECT k, COUNT(*) FROM t GROUP BY k"):
+                plan = conn.plan(sql, epsilon=1.0, delta=1e-6)
+                exact[name, sql] = conn._engine.run(dropped_rows_query(plan, conn._engine)).column(0)[0].as_py()  # noqa: SLF001
+                clip[sql] = clip_per_unit(plan)
+    for sql in ("SELECT COUNT(*) FROM t", "SELECT k, COUNT(*) FROM t GROUP BY k"):
+        assert 0 < exact["heavy", sql] - exact["D", sql] <= clip[sql] << FRACTION_BITS
+        assert exact["light", sql] == exact["D", sql]
