@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,7 @@ class SparkEngine:
         for name in _PYSPARK_QUERY_LOGGERS:
             logging.getLogger(name).disabled = True
         self._lock = threading.Lock()
+        self._running = threading.Event()
         self._group = f"dpsql-{uuid.uuid4().hex}"
         self._version = f"owner:{data_version}" if data_version is not None else "spark"
         self._refs: dict[str, exp.Table] = {}
@@ -217,10 +219,12 @@ class SparkEngine:
         with self._lock:
             context = self._session.sparkContext
             context.setJobGroup(self._group, "dpsql bounded query", interruptOnCancel=True)
+            self._running.set()
             try:
                 frame = self._session.sql(sql, args=args or None)
                 return frame.toArrow()
             finally:
+                self._running.clear()
                 context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
 
     def data_version(self) -> str:
@@ -232,8 +236,20 @@ class SparkEngine:
         return {}
 
     def interrupt(self) -> None:
-        """Cancel the running bounded query's jobs (from any thread)."""
-        self._session.sparkContext.cancelJobGroup(self._group)
+        """Cancel the running bounded query (from any thread).
+
+        Spark cancels only jobs that have started, and a query spends its first moments
+        being planned; so the cancel is repeated every 50 ms until the query has stopped."""
+        if not self._running.is_set():
+            return
+
+        def cancel_until_stopped() -> None:
+            context = self._session.sparkContext
+            while self._running.is_set():
+                context.cancelJobGroup(self._group)
+                time.sleep(0.05)
+
+        threading.Thread(target=cancel_until_stopped, name="dpsql-spark-interrupt", daemon=True).start()
 
     def close(self) -> None:
         if self._owned:

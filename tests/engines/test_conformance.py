@@ -210,3 +210,41 @@ def test_order_statistic_values_are_the_same_multiset(engine_name: str, build_en
     values = engine.run(value_query(plan, release, engine, salt=7).sql(dialect=engine.dialect))
     got = sorted((r[plan.group_keys[0].name], r["__v"]) for r in values.to_pylist())
     assert got == sorted((k, x) for _, k, x in rows)
+
+
+L0_POLICY = """
+[privacy]
+max_epsilon_per_query = 10.0
+max_delta_per_query = 1e-5
+default_epsilon = 1.0
+[budget]
+default = { epsilon = 100.0, delta = 0.1 }
+[tables.t]
+privacy_unit = "u"
+max_groups_per_unit = 2
+max_rows_per_unit = 3
+[tables.t.columns]
+g = { public_values = ["a", "b", "c", "d", "e", "f"] }
+x = { bounds = [0, 10] }
+"""
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_l0_cap_keeps_exactly_g_random_groups(engine_name: str, build_engine) -> None:
+    """300 units, each with 5 rows in every one of 6 groups; caps 2 groups, 3 rows. Every unit
+    keeps exactly 2 groups of 3 rows: the counts add up to 300 * 2 * 3 exactly, each sum is 3
+    rows' worth, and each group is kept by Binomial(300, 1/3) units (mean 100, sd 8.2;
+    accepted within 5 sd: about 1 in 10^6 false failures over the six groups)."""
+    rows = [(u, g, 2.5) for u in range(300) for g in "abcdef" for _ in range(5)]
+    engine = build_engine(engine_name, {"t": ("u BIGINT, g VARCHAR, x DOUBLE", rows)})
+    result = exact(engine, L0_POLICY, "SELECT g, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY g")
+    counts = {r[0]: r[1] for r in result}
+    assert sum(counts.values()) == 300 * 2 * 3
+    assert all(n % 3 == 0 and abs(n / 3 - 100) <= 5 * math.sqrt(300 * (1 / 3) * (2 / 3)) for n in counts.values())
+    conn = connection(engine, L0_POLICY)
+    plan = conn.plan("SELECT g, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY g")
+    assert [m.kind for m in plan.measurements] == ["count_rows", "sum"]
+    m_sum = plan.measurements[1]
+    per_row = round(2.5 * 2**m_sum.frac_bits)
+    for g, n, total in result:
+        assert total == (n * per_row >> m_sum.shift if m_sum.shift > 0 else n * per_row)

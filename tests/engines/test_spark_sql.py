@@ -114,3 +114,30 @@ def test_session_views_are_the_tables_by_default(spark) -> None:
         assert engine.run("SELECT COUNT(*) FROM " + engine.table("dpsql_view_test").sql()).column(0).to_pylist() == [1]
     finally:
         spark.catalog.dropTempView("dpsql_view_test")
+
+
+def test_interrupt_cancels_the_running_query(spark) -> None:
+    """The deadline (dpsql.timing) stops an overrunning query with ``engine.interrupt()``."""
+    import threading
+    import time
+
+    from dpsql.spark import SparkEngine
+
+    engine = SparkEngine(spark, tables={"big": spark.range(10**12)})
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            engine.run("SELECT COUNT(*) FROM " + engine.table("big").sql() + " WHERE xxhash64(id) % 7 = 3")
+        except BaseException as e:  # noqa: BLE001 - the cancellation is what we wait for
+            errors.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    while not engine._running.is_set():  # the run has begun (planning, perhaps no job yet)
+        time.sleep(0.01)
+    started = time.perf_counter()
+    engine.interrupt()
+    worker.join(timeout=60)
+    assert not worker.is_alive() and errors
+    assert time.perf_counter() - started < 30
