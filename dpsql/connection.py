@@ -46,6 +46,7 @@ import os
 import threading
 import traceback
 from dataclasses import asdict
+from collections.abc import Mapping
 from types import TracebackType
 
 import duckdb
@@ -54,6 +55,7 @@ import pyarrow as pa
 from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.analyze import analyze, resolve_budget
 from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
+from dpsql.datasources import open_engine
 from dpsql.engine import DuckDBEngine, Engine
 from dpsql.errors import Error, QueryFailed
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
@@ -459,8 +461,8 @@ class Connection:
 
 
 def connect(
-    database: str | os.PathLike[str] | duckdb.DuckDBPyConnection,
-    policy: str | os.PathLike[str] | Policy,
+    database: str | os.PathLike[str] | duckdb.DuckDBPyConnection | object | None = None,
+    policy: str | os.PathLike[str] | Policy | None = None,
     analyst: str = "default",
     ledger: str | os.PathLike[str] | Ledger | None = None,
     *,
@@ -468,13 +470,20 @@ def connect(
     repeats: bool = True,
     data_version: str | None = None,
     deadline: bool | TimingModel = False,
+    tables: Mapping[str, object] | None = None,
     reports: str | os.PathLike[str] | ReportStore | None = None,
 ) -> Connection:
     """Open a differentially private connection.
 
     Args:
-        database: a DuckDB file (opened read-only and hardened), or an existing
-            ``duckdb.DuckDBPyConnection`` (trusted as configured; see :mod:`dpsql.engine`).
+        database: a DuckDB file (opened read-only and hardened), an existing
+            ``duckdb.DuckDBPyConnection`` (trusted as configured; see :mod:`dpsql.engine`),
+            a ``pyspark.sql.SparkSession`` (:mod:`dpsql.spark`), or ``None`` when the
+            tables come from ``tables=`` or the policy's ``source =`` entries.
+        tables: policy table name -> its data: a Parquet/CSV/JSON path, glob or folder,
+            ``"file.duckdb:table"``, or a pandas/polars DataFrame or Arrow table
+            (:mod:`dpsql.datasources`); read through dpsql's own hardened DuckDB, or by
+            Spark when ``database`` is a SparkSession.
         policy: the policy file, or a loaded :class:`~dpsql.policy.Policy`.
         analyst: whose budget queries are charged to.
         ledger: a SQLite ledger path (shared safely by every process that opens it), a
@@ -503,8 +512,10 @@ def connect(
     Raises:
         PolicyError: the policy is malformed or does not match the database.
     """
+    if policy is None:
+        raise Error("dpsql.connect needs policy=: the policy file, or a loaded dpsql.Policy.")
     loaded = policy if isinstance(policy, Policy) else load_policy(policy)
-    engine = DuckDBEngine(database, data_version=data_version)
+    engine = open_engine(database, loaded, tables=tables, data_version=data_version)
     try:
         check_against_schema(loaded, engine.schema())
         timing = None

@@ -37,9 +37,9 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.engine import DuckDBEngine
-from dpsql.errors import PolicyError
+from dpsql.errors import Error, PolicyError
 
-__all__ = ["OpenedSources", "SourcesEngine", "open_sources", "source_kind"]
+__all__ = ["OpenedSources", "SourcesEngine", "open_engine", "open_sources", "policy_sources", "source_kind"]
 
 _READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".json": "read_json",
             ".jsonl": "read_json", ".ndjson": "read_json"}
@@ -213,3 +213,80 @@ class SourcesEngine(DuckDBEngine):
 
     def close(self) -> None:
         self._con.close()
+
+
+def _is_spark_session(database: object) -> bool:
+    cls = type(database)
+    return cls.__name__ == "SparkSession" and cls.__module__.startswith("pyspark")
+
+
+def policy_sources(policy: Any) -> dict[str, object]:
+    """Policy table name -> its declared ``source``, for the tables that declare one."""
+    return {name: t.source for name, t in policy.tables.items() if getattr(t, "source", None)}
+
+
+def open_engine(database: object, policy: Any, *, tables: Mapping[str, object] | None = None,
+                data_version: str | None = None) -> Any:
+    """The engine ``dpsql.connect`` runs on: what ``database`` is, and where the tables live.
+
+    - a SparkSession: :class:`~dpsql.spark.SparkEngine` over its views and tables, or over
+      the declared sources / ``tables`` (read by Spark);
+    - ``None`` with sources (``tables=`` or ``source =`` in the policy): :class:`SourcesEngine`;
+    - a DuckDB file path: that file, hardened; policy tables with a source are read from it
+      instead, each other table from the file;
+    - a ``duckdb.DuckDBPyConnection``: wrapped as the owner configured it.
+
+    Raises:
+        Error: a Parquet/CSV/JSON file given as the database, nothing given at all, or
+            sources together with a wrapped connection.
+        PolicyError: a source that cannot be read; a policy table that is only a DataFrame
+            registered on a wrapped connection (DuckDB keeps those out of its catalog).
+    """
+    sources = {**policy_sources(policy), **dict(tables or {})}
+    if _is_spark_session(database):
+        from dpsql.spark import SparkEngine
+
+        return SparkEngine(database, tables=sources or None, data_version=data_version)  # type: ignore[arg-type]
+    if database is None:
+        if not sources:
+            raise Error("dpsql.connect needs the data: a DuckDB file or connection, a SparkSession, "
+                        "tables={'name': path_or_dataframe}, or `source = ...` for each table in the policy.")
+        return SourcesEngine(sources)
+    if isinstance(database, str | os.PathLike):
+        path = os.fspath(database)
+        kind = source_kind(path)
+        if kind in ("parquet", "csv", "json"):
+            raise Error(
+                f"{path!r} is a {kind.upper()} file, not a DuckDB database. Name it as a table's source: "
+                f"dpsql.connect(tables={{'visits': {path!r}}}, policy=...), or `source = {path!r}` under "
+                "[tables.visits] in the policy (then `dpsql query --policy POLICY` needs no --db).")
+        if sources:
+            rest = {name: f"{path}:{name}" for name in policy.tables if name not in sources
+                    and getattr(policy.tables[name], "model", "central") != "local"}
+            return SourcesEngine({**rest, **sources})
+        return DuckDBEngine(path, data_version=data_version)
+    if sources:
+        raise Error("tables= and policy sources are read by dpsql's own DuckDB; they cannot be added to a "
+                    "connection you pass in. Pass the sources without the connection, or register the "
+                    "tables in your database.")
+    engine = DuckDBEngine(database, data_version=data_version)  # type: ignore[arg-type]
+    _check_registered_frames(database, policy, engine)
+    return engine
+
+
+def _check_registered_frames(con: Any, policy: Any, engine: DuckDBEngine) -> None:
+    """A policy table that exists only as a DataFrame registered on the connection (a temporary
+    view, which DuckDB keeps out of the catalog dpsql reads) gets a clear error, not "missing"."""
+    schema = engine.schema()
+    try:
+        temporary = {str(r[0]).casefold() for r in con.sql(
+            "SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
+    except duckdb.Error:
+        return
+    for name in policy.tables:
+        if name.casefold() not in schema and name.casefold() in temporary:
+            engine.close()
+            raise PolicyError(
+                f"table {name!r} is a DataFrame or Arrow table registered on the DuckDB connection; dpsql "
+                f"reads only tables and views of the database. Pass it as dpsql.connect(tables={{{name!r}: "
+                "frame}, policy=...) (copied into dpsql's own hardened DuckDB), or CREATE TABLE it.")

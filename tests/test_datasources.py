@@ -151,3 +151,81 @@ income = { bounds = [0, 100] }
     conn.close()
     with pytest.raises(duckdb.Error):
         engine.run("SELECT 1")  # closed with the connection
+
+
+CONNECT_POLICY = """
+[privacy]
+max_epsilon_per_query = 10.0
+max_delta_per_query = 1e-5
+default_epsilon = 1.0
+[budget]
+default = { epsilon = 100.0, delta = 0.1 }
+[tables.visits]
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.visits.columns]
+region = { public_values = ["north", "south", "east"] }
+income = { bounds = [0, 100] }
+"""
+
+
+def _policy():
+    from dpsql.policy import parse_policy
+
+    return parse_policy(CONNECT_POLICY)
+
+
+@pytest.mark.parametrize("kind", ["parquet glob", "csv", "arrow", "pandas"])
+def test_connect_with_tables(files: Path, kind: str) -> None:
+    source = {"parquet glob": str(files / "visits_*.parquet"), "csv": str(files / "visits.csv"),
+              "arrow": VISITS, "pandas": VISITS.to_pandas()}[kind]
+    with dpsql.connect(tables={"visits": source}, policy=_policy()) as conn:
+        rows = conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region", epsilon=5.0).fetchall()
+    assert sorted(r[0] for r in rows) == ["east", "north", "south"]
+
+
+def test_a_parquet_file_as_the_database_is_a_clear_error(files: Path) -> None:
+    with pytest.raises(dpsql.Error, match="is a PARQUET file, not a DuckDB database.*tables="):
+        dpsql.connect(str(files / "visits_a.parquet"), policy=_policy())
+
+
+def test_nothing_to_read_is_a_clear_error() -> None:
+    with pytest.raises(dpsql.Error, match="needs the data"):
+        dpsql.connect(policy=_policy())
+    with pytest.raises(dpsql.Error, match="needs policy="):
+        dpsql.connect(tables={"visits": VISITS})
+
+
+def test_a_registered_dataframe_is_a_clear_error_not_silently_missing() -> None:
+    con = duckdb.connect()
+    con.register("visits", VISITS)
+    with pytest.raises(dpsql.PolicyError, match="registered on the DuckDB connection.*tables="):
+        dpsql.connect(con, policy=_policy())
+    con.close()
+
+
+def test_sources_with_a_wrapped_connection_are_refused() -> None:
+    con = duckdb.connect()
+    with pytest.raises(dpsql.Error, match="cannot be added to a connection you pass in"):
+        dpsql.connect(con, policy=_policy(), tables={"visits": VISITS})
+    con.close()
+
+
+def test_a_duckdb_file_and_sources_together(files: Path, tmp_path: Path) -> None:
+    """Tables with a source come from it; the others from the DuckDB file."""
+    policy_text = CONNECT_POLICY + """
+[tables.extra]
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.extra.columns]
+income = { bounds = [0, 100] }
+"""
+    from dpsql.policy import parse_policy
+
+    db = tmp_path / "extra.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE extra AS SELECT * FROM range(50) t(user_id), (SELECT 1.0 AS income)")
+    with dpsql.connect(str(db), policy=parse_policy(policy_text), tables={"visits": VISITS}) as conn:
+        assert set(conn._engine.schema()) == {"visits", "extra"}
