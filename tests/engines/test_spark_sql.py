@@ -141,3 +141,37 @@ def test_interrupt_cancels_the_running_query(spark) -> None:
     worker.join(timeout=60)
     assert not worker.is_alive() and errors
     assert time.perf_counter() - started < 30
+
+
+def test_dpsql_connect_takes_a_spark_session(spark, tmp_path: Path) -> None:
+    """``dpsql.connect(spark_session, ...)``: the policy's tables are the session's views, or
+    the ``tables=`` sources read by Spark; a registered temp view not in the policy is unseen."""
+    from dpsql.policy import parse_policy
+
+    policy = parse_policy("""
+[privacy]
+max_epsilon_per_query = 10.0
+max_delta_per_query = 1e-5
+default_epsilon = 1.0
+[budget]
+default = { epsilon = 100.0, delta = 0.1 }
+[tables.visits]
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.visits.columns]
+region = { public_values = ["north", "south"] }
+""")
+    frame = spark.createDataFrame([(u, "north" if u % 3 else "south") for u in range(300)],
+                                  "user_id BIGINT, region STRING")
+    frame.write.parquet(str(tmp_path / "visits"))
+    frame.createOrReplaceTempView("visits")
+    try:
+        for tables in (None, {"visits": tmp_path / "visits"}):
+            with dpsql.connect(spark, policy=policy, tables=tables) as conn:
+                rows = dict(conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region",
+                                         epsilon=5.0).fetchall())
+            assert abs(rows["north"] - 200) < 20 and abs(rows["south"] - 100) < 20  # Laplace scale 0.2
+        assert spark.sql("SELECT 1").collect()  # the caller's session is still open
+    finally:
+        spark.catalog.dropTempView("visits")
