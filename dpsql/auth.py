@@ -201,6 +201,18 @@ class TokenVerifier:
             self._refresh()
             return sorted(r.analyst for r in self._by_id.values())
 
+    def holds(self, token: str) -> bool:
+        """Whether ``token``'s id names a record of this file (its secret is NOT checked).
+
+        For a server with two auth files (analysts, reporting clients): it picks the file
+        whose :meth:`analyst_for` then checks the token, so each token costs one hash.
+        """
+        if not isinstance(token, str) or not 0 < len(token) <= _MAX_TOKEN_LENGTH:
+            return False
+        with self._lock:
+            self._refresh()
+            return token.partition(".")[0] in self._by_id
+
     def analyst_for(self, token: str) -> str:
         """The analyst ``token`` belongs to.
 

@@ -148,6 +148,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="also serve the Postgres wire protocol (psql, psycopg, BI tools) on this port "
                             "(default off; 0 picks a free one)")
     serve.add_argument("--pg-host", default="127.0.0.1", help="address of the Postgres front (default 127.0.0.1)")
+    serve.add_argument("--reports", help="the report store of the policy's local tables (SQLite, created if missing)")
+    serve.add_argument("--report-auth", help="reporting clients' tokens (dpsql token create NAME --auth FILE; "
+                       "a file apart from --auth): turns on the report action, needs --reports")
+    serve.add_argument("--report-batch", type=_positive_int, default=100, metavar="K",
+                       help="reports of a column reach the store shuffled, K at a time (default 100)")
+    serve.add_argument("--report-rate", type=_positive_int, default=600, metavar="N",
+                       help="report requests per reporting token per minute (default 600)")
     serve.set_defaults(command=run_serve)
     return parser
 
@@ -379,7 +386,8 @@ def run_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         database=args.db, policy=args.policy, ledger=args.ledger, auth=args.auth,
         host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        pg_port=args.pg_port, pg_host=args.pg_host,
+        pg_port=args.pg_port, pg_host=args.pg_host, reports=args.reports, report_auth=args.report_auth,
+        report_batch=args.report_batch, report_rate=args.report_rate,
     )
     return serve(options, on_ready=lambda location: print(f"listening on {location}", flush=True),
                  on_pg_ready=lambda address: print(f"listening on {address}", flush=True))

@@ -15,6 +15,9 @@ The wire protocol, shared with :mod:`dpsql.server`:
   is a free repeat of one released before (``cached``);
 - ``budget``, ``explain`` (same JSON body as a query) and ``health`` are Flight actions
   whose one result is a JSON object;
+- ``report`` is the action of a reporting client (its token from the server's
+  ``--report-auth`` file): its body is one request of perturbed reports
+  (:mod:`dpsql.local.codec`), its result ``{"accepted": N}``;
 - a refusal is a Flight error whose ``extra_info`` is JSON ``{"error": "QueryRejected",
   "message": ...}``: the client raises the same :class:`dpsql.Error` subclass with the same
   message.
@@ -24,10 +27,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -36,6 +39,9 @@ from dpsql.privacy import BudgetStatus
 from dpsql.errors import Error
 from dpsql.result import Result
 from dpsql.wire import _first_line, decode_result, raise_remote, request_body
+
+if TYPE_CHECKING:
+    from dpsql.local.reports import Reports
 
 __all__ = ["Client", "RemoteExplanation"]
 
@@ -130,6 +136,24 @@ class Client:
         answer = self._action("budget")
         known = {f.name for f in fields(BudgetStatus)}  # a newer server may say more
         return BudgetStatus(**{k: v for k, v in answer.items() if k in known})
+
+    def report(self, reports: Reports | Iterable[Reports]) -> int:
+        """Send perturbed reports of one local table (``Reporter.report(record)``) to the
+        server's report store; returns how many reports it accepted.
+
+        Needs a reporting token (the server's ``--report-auth`` file). The reports must
+        already be perturbed: the server refuses anything that is not a possible output of
+        the policy's mechanism. :class:`dpsql.local.RemoteReporter` perturbs and sends.
+
+        Raises:
+            ReportError: the reports are malformed or do not match the server's policy.
+            AuthenticationError: the token is not a reporting token.
+        """
+        from dpsql.local.codec import encode_reports
+        from dpsql.local.reports import Reports
+
+        body = encode_reports([reports] if isinstance(reports, Reports) else reports)
+        return int(self._action("report", body)["accepted"])
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok", "version": ...}`` when the server is up (checks the token if one is set)."""

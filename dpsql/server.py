@@ -22,6 +22,13 @@ time whether or not its id exists (:mod:`dpsql.auth`).
 Logs (logger ``dpsql.server``) say who asked what and what was charged or why it was
 refused; they never contain a token, a raw value or a noisy value.
 
+Reports (local DP). With ``--reports FILE`` the analysts' Connections read that report
+store (queries over ``model = "local"`` tables, free of central budget). With
+``--report-auth FILE`` too, the ``report`` action takes reporting clients' perturbed
+reports: a token from that file may only report, an analyst's token may not report, and
+each report is checked against the policy, shuffled without its sender and stored in
+batches of ``--report-batch`` (:mod:`dpsql.local.ingest`). Report logs say only counts.
+
 SIGTERM or SIGINT stops accepting calls, lets the calls in flight finish (their charges are
 committed before their answers leave), closes the ledger and exits 0.
 """
@@ -39,7 +46,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow.flight as flight
 
@@ -48,6 +55,9 @@ from dpsql.auth import TokenVerifier
 from dpsql.wire import ACTIONS, encode_result, error_payload, explanation_payload
 from dpsql.errors import AuthenticationError, Error, InternalError, QueryRejected
 from dpsql.service import Service
+
+if TYPE_CHECKING:
+    from dpsql.local.ingest import Collector
 
 __all__ = ["DpsqlFlightServer", "Service", "serve"]
 
@@ -105,15 +115,21 @@ def _amount(value: float | None) -> str:
 
 
 class _AuthMiddleware(flight.ServerMiddleware):  # type: ignore[misc]
-    def __init__(self, analyst: str | None) -> None:
+    def __init__(self, analyst: str | None, reporter: str | None = None) -> None:
         self.analyst = analyst
+        self.reporter = reporter  # a reporting client's token (--report-auth): it may only report
 
 
 class _AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
-    """Checks the bearer token of every call; a call without one may only ask for health."""
+    """Checks the bearer token of every call; a call without one may only ask for health.
 
-    def __init__(self, verifier: TokenVerifier) -> None:
+    A token is an analyst's (``--auth``) or a reporting client's (``--report-auth``): the
+    file whose record its id names decides (one hash either way), and the role goes with it.
+    """
+
+    def __init__(self, verifier: TokenVerifier, reporters: TokenVerifier | None = None) -> None:
         self._verifier = verifier
+        self._reporters = reporters
 
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _AuthMiddleware:
         values = headers.get("authorization") or headers.get("Authorization") or []
@@ -124,7 +140,10 @@ class _AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[mi
         try:
             if scheme.lower() != "bearer":
                 raise AuthenticationError("the authorization header must be 'Bearer <token>'.")
-            return _AuthMiddleware(self._verifier.analyst_for(token.strip()))
+            token = token.strip()
+            if self._reporters is not None and self._reporters.holds(token):
+                return _AuthMiddleware(None, self._reporters.analyst_for(token))
+            return _AuthMiddleware(self._verifier.analyst_for(token))
         except AuthenticationError as exc:
             log.warning("authentication failed (%s): %s", _method_name(info), exc)
             raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
@@ -147,12 +166,15 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         verifier: TokenVerifier,
         *,
         tls_certificates: list[flight.CertKeyPair] | None = None,
+        reporters: TokenVerifier | None = None,
+        collector: Collector | None = None,
     ) -> None:
         self._service = service
+        self._collector = collector
         super().__init__(
             location,
             tls_certificates=tls_certificates or [],
-            middleware={_MIDDLEWARE: _AuthMiddlewareFactory(verifier)},
+            middleware={_MIDDLEWARE: _AuthMiddlewareFactory(verifier, reporters)},
         )
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.RecordBatchStream:
@@ -192,6 +214,8 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             return {"status": "ok", "version": __version__}
         if name not in ACTIONS:
             raise Error(f"unknown action {name!r}; this server knows {', '.join(sorted(ACTIONS))}.")
+        if name == "report":
+            return self._report(context, body)
         analyst = _analyst(context)
         if name == "budget":
             status = self._service.budget(analyst)
@@ -206,19 +230,68 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         log.info("explain analyst=%r %s (nothing charged)", analyst, request.describe())
         return explanation_payload(explanation)
 
+    def _report(self, context: flight.ServerCallContext, body: bytes) -> dict[str, Any]:
+        """A reporting client's reports (:mod:`dpsql.local.ingest`). Logged as counts only:
+        nothing of the sender goes with the reports."""
+        if self._collector is None:
+            raise Error("this server takes no reports: start it with dpsql serve ... --reports FILE "
+                        "--report-auth FILE.")
+        reporter = _reporter(context)
+        try:
+            accepted = self._collector.submit(reporter, body)
+        except Error as exc:
+            log.info("report refused: %s (nothing stored)", type(exc).__name__)
+            raise
+        return {"accepted": accepted}
+
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
-        return list(ACTIONS.items())
+        return [(name, about) for name, about in ACTIONS.items() if name != "report" or self._collector is not None]
+
+    def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
+        """Nothing to list (a query is a ``DoGet`` ticket), after the same token check as every
+        call: without one, a clean ``AuthenticationError`` rather than pyarrow's traceback."""
+        _answering("list_flights", context, lambda: _analyst(context))
+        return iter(())
+
+    def get_flight_info(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        def refuse() -> flight.FlightInfo:
+            _analyst(context)
+            raise QueryRejected("dpsql has no flights to describe: send a query as a DoGet ticket "
+                                '{"sql": ..., "epsilon": ..., "delta": ...} (dpsql.Client does this).')
+        return _answering("get_flight_info", context, refuse)
 
 
 def _analyst(context: flight.ServerCallContext) -> str:
     middleware = context.get_middleware(_MIDDLEWARE)
     analyst = getattr(middleware, "analyst", None)
+    if getattr(middleware, "reporter", None):
+        raise AuthenticationError(
+            "this is a reporting token (from the --report-auth file): it may only send reports. "
+            "Queries, explain and budget need an analyst's token from the --auth file."
+        )
     if not analyst:
         raise AuthenticationError(
             "no token: connect with dpsql.Client(location, token=...) using the token from "
             "dpsql token create ANALYST --auth FILE."
         )
     return str(analyst)
+
+
+def _reporter(context: flight.ServerCallContext) -> str:
+    middleware = context.get_middleware(_MIDDLEWARE)
+    reporter = getattr(middleware, "reporter", None)
+    if reporter:
+        return str(reporter)
+    if getattr(middleware, "analyst", None):
+        raise AuthenticationError(
+            "an analyst's token cannot send reports: reports need a reporting token, made with "
+            "dpsql token create NAME --auth REPORT_AUTH_FILE for the file the server was given "
+            "with --report-auth."
+        )
+    raise AuthenticationError(
+        "no token: send reports with dpsql.Client(location, token=...) using a reporting token "
+        "(dpsql token create NAME --auth REPORT_AUTH_FILE)."
+    )
 
 
 def _answering(what: str, context: flight.ServerCallContext, answer: Callable[[], _T]) -> _T:
@@ -259,6 +332,10 @@ class ServeOptions:
     tls_key: str | None = None
     pg_port: int | None = None  # the Postgres wire protocol front (dpsql.pgwire), off when None
     pg_host: str = "127.0.0.1"
+    reports: str | None = None  # the local tables' report store, read by analysts' queries
+    report_auth: str | None = None  # reporting clients' tokens: turns the report action on
+    report_batch: int = 100  # the shuffler's k
+    report_rate: int = 600  # report requests per reporting token per minute
 
 
 def serve(
@@ -285,15 +362,18 @@ def serve(
     if not verifier.analysts:
         log.warning("auth file %s holds no token: every query will be refused until one is created", options.auth)
     _warn_if_readable(options.auth)
+    reporters = _reporters(options)
     tls = _tls_certificates(options)
     if tls is None and not _is_loopback(options.host):
         log.warning("serving on %s without TLS: tokens and answers cross the network in clear text; "
                     "pass --tls-cert and --tls-key", options.host)
-    service = Service.open(options.database, options.policy, options.ledger)
+    service = Service.open(options.database, options.policy, options.ledger, reports=options.reports)
+    collector = _collector(options, service) if reporters is not None else None
     try:
         location = (flight.Location.for_grpc_tls if tls else flight.Location.for_grpc_tcp)(options.host, options.port)
         try:
-            server = DpsqlFlightServer(location, service, verifier, tls_certificates=tls)
+            server = DpsqlFlightServer(location, service, verifier, tls_certificates=tls,
+                                       reporters=reporters, collector=collector)
         except Exception as exc:  # ArrowException: the port is taken, a bad TLS certificate
             raise Error(
                 f"cannot serve on {options.host}:{options.port}: {str(exc).splitlines()[0]}. "
@@ -325,9 +405,43 @@ def serve(
         finally:
             restore()
     finally:
+        if collector is not None:
+            collector.close()
         service.close()
     log.info("stopped; the ledger is closed")
     return 0
+
+
+def _reporters(options: ServeOptions) -> TokenVerifier | None:
+    """The reporting clients' tokens (``--report-auth``): a file apart from the analysts'."""
+    if options.report_auth is None:
+        return None
+    if options.reports is None:
+        raise Error("--report-auth needs --reports FILE: the report store the reports go to.")
+    if os.path.abspath(options.report_auth) == os.path.abspath(options.auth) or (
+        os.path.exists(options.report_auth) and os.path.samefile(options.report_auth, options.auth)
+    ):
+        raise Error("--report-auth must be a file apart from --auth: a reporting token may only report "
+                    "and an analyst's token only query. Create reporting tokens with "
+                    "dpsql token create NAME --auth reporters.toml.")
+    if isinstance(options.report_batch, bool) or not isinstance(options.report_batch, int) or options.report_batch < 2:
+        raise Error(f"--report-batch must be a whole number >= 2 (a batch of one report hides nothing), "
+                    f"got {options.report_batch!r}.")
+    reporters = TokenVerifier(options.report_auth)
+    _warn_if_readable(options.report_auth)
+    return reporters
+
+
+def _collector(options: ServeOptions, service: Service) -> Collector:
+    from dpsql.local.ingest import Collector
+
+    local = [t.name for t in service.policy.tables.values() if t.model == "local"]
+    if not local:
+        log.warning("the policy has no model = \"local\" table: every report will be refused")
+    assert service.reports is not None
+    log.info("taking reports for %s into %s, in shuffled batches of k = %d", ", ".join(local) or "no table",
+             options.reports, options.report_batch)
+    return Collector(service.policy, service.reports, k=options.report_batch, per_minute=options.report_rate)
 
 
 def _start_pg(options: ServeOptions, service: Service, verifier: TokenVerifier) -> Any:

@@ -17,6 +17,7 @@ from dpsql.connection import Connection
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import RateLimited
 from dpsql.explain import Explanation
+from dpsql.local.store import ReportStore
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.result import Result
@@ -35,31 +36,41 @@ class Service:
     :meth:`close` closes everything once.
     """
 
-    def __init__(self, engine: DuckDBEngine, policy: Policy, ledger: Ledger, *, timing: Timing | None = None) -> None:
+    def __init__(self, engine: DuckDBEngine, policy: Policy, ledger: Ledger, *, timing: Timing | None = None,
+                 reports: ReportStore | None = None) -> None:
         self._engine = engine
         self._policy = policy
         self._ledger = ledger
         self._shared = _shared_options(ledger)
         if timing is not None:
             self._shared["timing"] = timing
+        if reports is not None:  # the local tables' report store (closed with the service)
+            self._shared["reports"] = reports
         self.timing = timing
+        self.reports = reports
         self._rate = RateLimiter(policy.server.queries_per_minute)
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     @classmethod
-    def open(cls, database: str | os.PathLike[str], policy: str | os.PathLike[str], ledger: str | os.PathLike[str]) -> Service:
-        """Open the database hardened and read-only, check it against the policy, open the ledger."""
+    def open(cls, database: str | os.PathLike[str], policy: str | os.PathLike[str], ledger: str | os.PathLike[str],
+             *, reports: str | os.PathLike[str] | None = None) -> Service:
+        """Open the database hardened and read-only, check it against the policy, open the
+        ledger and, given ``reports``, the report store of the policy's local tables."""
         loaded = load_policy(policy)
         engine = DuckDBEngine(database)
         book: Ledger | None = None
+        store: ReportStore | None = None
         try:
             check_against_schema(loaded, engine.schema())
             timing = server_timing(loaded, engine)
             book = Ledger(ledger, accountant=loaded.accountant)  # as dpsql.connect does
-            return cls(engine, loaded, book, timing=timing)
+            store = None if reports is None else ReportStore(reports)
+            return cls(engine, loaded, book, timing=timing, reports=store)
         except BaseException:
+            if store is not None:
+                store.close()
             if book is not None:
                 book.close()
             engine.close()
@@ -129,6 +140,10 @@ def server_timing(policy: Policy, engine: DuckDBEngine) -> Timing:
     return Timing(model, table_sizes(policy, engine), engine.interrupt)
 
 
+_QUERY_REFUSAL = ("analyst {name!r} sent more than {per_minute} queries a minute (the server's rate limit, "
+                  "[server] queries_per_minute in the policy); wait {wait:.1f} s and try again. Nothing was charged.")
+
+
 class RateLimiter:
     """Per-analyst token buckets: ``per_minute`` queries a minute, bursts of a tenth of it.
 
@@ -144,8 +159,10 @@ class RateLimiter:
     dpsql.errors.RateLimited: analyst 'alice' sent more than 60 queries a minute (the server's rate limit, [server] queries_per_minute in the policy); wait 1.0 s and try again. Nothing was charged.
     """
 
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic, *,
+                 refusal: str = _QUERY_REFUSAL) -> None:
         self.per_minute = per_minute
+        self._refusal = refusal  # the message, with {name}, {per_minute} and {wait}
         self._capacity = max(1.0, per_minute / 10)
         self._rate = per_minute / 60.0
         self._clock = clock
@@ -160,11 +177,7 @@ class RateLimiter:
             if tokens < 1:
                 self._buckets[analyst] = (tokens, now)
                 wait = (1 - tokens) / self._rate
-                raise RateLimited(
-                    f"analyst {analyst!r} sent more than {self.per_minute} queries a minute (the server's rate "
-                    f"limit, [server] queries_per_minute in the policy); wait {wait:.1f} s and try again. "
-                    "Nothing was charged."
-                )
+                raise RateLimited(self._refusal.format(name=analyst, per_minute=self.per_minute, wait=wait))
             self._buckets[analyst] = (tokens - 1, now)
 
 

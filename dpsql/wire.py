@@ -13,6 +13,7 @@ import pyarrow.flight as flight
 
 from dpsql import errors
 from dpsql.errors import AuthenticationError, BudgetExceeded, Error
+from dpsql.local._common import ReportError
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
 METADATA_KEY = b"dpsql"
@@ -21,8 +22,10 @@ ACTIONS = {
     "budget": "what the analyst has spent and has left (JSON BudgetStatus)",
     "explain": "cost, mechanisms, bounded SQL and expected accuracy of a query; reads no data, charges nothing",
     "health": "whether the server is up, and its version",
+    "report": "a reporting client's perturbed reports of one local table (dpsql.local.codec); needs a reporting token",
 }
 _ERRORS: dict[str, type[Error]] = {name: getattr(errors, name) for name in errors.__all__}
+_ERRORS["ReportError"] = ReportError  # dpsql.local's error, raised by the report action
 
 
 def request_body(sql: str, epsilon: float | None, delta: float | None) -> bytes:

@@ -14,6 +14,10 @@ opposite). The pieces, each its own module:
   table of the policy; :class:`ReportStore` (:mod:`~dpsql.local.store`): where the
   collector keeps shuffled reports; :mod:`~dpsql.local.query`: SQL over them
   (``dpsql.connect(..., reports=PATH)``), free of central budget.
+- Through the server: :class:`RemoteReporter` (:mod:`~dpsql.local.remote`) perturbs on the
+  client and sends to ``dpsql serve --reports FILE --report-auth FILE``, whose
+  :mod:`~dpsql.local.ingest` checks every report against the policy (wire format:
+  :mod:`~dpsql.local.codec`), shuffles and stores.
 
 >>> import dpsql, numpy as np
 >>> reports = dpsql.local.perturb(np.array([3.0, 7.0]), 0.0, 10.0, epsilon=1.0)
@@ -27,6 +31,7 @@ from dpsql.local._common import ReportError
 from dpsql.local.frequency import CategoryReports, CountEstimate, FrequencyOracle, choose_oracle, perturb_category
 from dpsql.local.query import answer, references_local_table
 from dpsql.local.ranges import AdaptiveRange, perturb
+from dpsql.local.remote import RemoteReporter
 from dpsql.local.reporter import Reporter
 from dpsql.local.reports import Reports
 from dpsql.local.shuffle import Batch, Shuffler, amplified_epsilon
@@ -38,6 +43,7 @@ __all__ = [
     "CategoryReports",
     "CountEstimate",
     "FrequencyOracle",
+    "RemoteReporter",
     "ReportError",
     "ReportStore",
     "Reporter",
