@@ -221,8 +221,16 @@ def _is_spark_session(database: object) -> bool:
 
 
 def policy_sources(policy: Any) -> dict[str, object]:
-    """Policy table name -> its declared ``source``, for the tables that declare one."""
-    return {name: t.source for name, t in policy.tables.items() if getattr(t, "source", None)}
+    """Policy table name -> its declared ``source``, for the tables that declare one; a
+    relative path is relative to the policy file's folder."""
+    origin = getattr(policy, "source", None)
+    root = os.path.dirname(os.path.abspath(origin)) if origin and os.path.isfile(origin) else ""
+    found: dict[str, object] = {}
+    for name, table in policy.tables.items():
+        source = getattr(table, "source", None)
+        if source:
+            found[name] = source if os.path.isabs(source) or not root else os.path.join(root, source)
+    return found
 
 
 def open_engine(database: object, policy: Any, *, tables: Mapping[str, object] | None = None,

@@ -229,3 +229,32 @@ income = { bounds = [0, 100] }
         con.execute("CREATE TABLE extra AS SELECT * FROM range(50) t(user_id), (SELECT 1.0 AS income)")
     with dpsql.connect(str(db), policy=parse_policy(policy_text), tables={"visits": VISITS}) as conn:
         assert set(conn._engine.schema()) == {"visits", "extra"}
+
+
+def test_policy_sources_are_read_relative_to_the_policy(files: Path) -> None:
+    policy_file = files / "policy.toml"
+    policy_file.write_text(CONNECT_POLICY.replace('[tables.visits]\n', '[tables.visits]\nsource = "visits_*.parquet"\n'))
+    loaded = dpsql.load_policy(policy_file)
+    assert loaded.tables["visits"].source == "visits_*.parquet"
+    elsewhere = os.getcwd()
+    try:
+        os.chdir("/")
+        with dpsql.connect(policy=str(policy_file)) as conn:
+            assert conn.execute("SELECT COUNT(*) AS n FROM visits", epsilon=5.0).fetchall()[0][0] > 0
+    finally:
+        os.chdir(elsewhere)
+
+
+@pytest.mark.parametrize("value", ["42", '""', "['a.parquet']"])
+def test_a_bad_source_in_the_policy_is_a_policy_error(value: str) -> None:
+    from dpsql.policy import parse_policy
+
+    with pytest.raises(dpsql.PolicyError, match="source must be a path"):
+        parse_policy(CONNECT_POLICY.replace("[tables.visits]\n", f"[tables.visits]\nsource = {value}\n"))
+
+
+def test_a_missing_policy_source_is_a_policy_error(tmp_path: Path) -> None:
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(CONNECT_POLICY.replace('[tables.visits]\n', '[tables.visits]\nsource = "nope/*.parquet"\n'))
+    with pytest.raises(dpsql.PolicyError, match="table 'visits': its source .*nope.* names no readable file"):
+        dpsql.connect(policy=str(policy_file))

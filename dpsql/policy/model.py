@@ -120,6 +120,9 @@ class TablePolicy:
         model: ``"central"`` (dpsql holds the raw rows) or ``"local"`` (clients perturb
             their own values before sending them; see :mod:`dpsql.local`).
         epsilon: In a local table, the epsilon each client report spends.
+        source: Where the table's data lives when it is not a table of the database: a
+            Parquet/CSV/JSON path, glob or folder, or ``"file.duckdb:table"``, relative
+            to the policy file's folder (:mod:`dpsql.datasources`); ``None``: the database's.
     """
 
     name: str
@@ -131,6 +134,7 @@ class TablePolicy:
     declared_rows: int | None = None
     model: str = "central"
     epsilon: float | None = None
+    source: str | None = None
 
     def __post_init__(self) -> None:
         folded = {name.casefold(): column for name, column in self.columns.items()}

@@ -58,7 +58,7 @@ _PRIVACY_KEYS = (
 _SERVER_KEYS = ("deadline_base_ms", "deadline_ms", "deadline_ms_per_million_rows", "deadline_slack", "queries_per_minute")
 _BUDGET_KEYS = ("analysts", "default")
 _BUDGET_VALUE_KEYS = ("delta", "epsilon")
-_TABLE_KEYS = ("columns", "declared_rows", "epsilon", "max_groups_per_unit", "max_rows_per_unit", "model",
+_TABLE_KEYS = ("columns", "declared_rows", "epsilon", "max_groups_per_unit", "max_rows_per_unit", "model", "source",
                "privacy_unit", "public")
 _MODELS = ("central", "local")
 _LOCAL_TABLE_KEYS = ("columns", "epsilon", "model")
@@ -281,6 +281,12 @@ def _parse_table(where: _Where, name: str, raw: object) -> TablePolicy:
     table = _public_table(where, name, body, columns) if public else _private_table(where, name, body, columns)
     if "declared_rows" in body:
         table = dataclasses.replace(table, declared_rows=_positive_int(where, body, "declared_rows"))
+    if "source" in body:
+        source = body["source"]
+        if not isinstance(source, str) or not source.strip():
+            raise where.error(f"source must be a path: a Parquet/CSV/JSON file, a glob or folder of them, or "
+                              f"'file.duckdb:table', got {_show(source)}")
+        table = dataclasses.replace(table, source=source)
     return table
 
 
