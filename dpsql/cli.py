@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", type=Path, help=f"where to keep the database (default {default_demo_dir()})")
     demo.add_argument("--rows", type=_positive_int, default=1_000_000, help="rows (default 1000000)")
     demo.add_argument("--units", type=_positive_int, default=100_000, help="users (default 100000)")
+    demo.add_argument("--source", choices=("duckdb", "parquet"), default="duckdb",
+                      help="read the demo tables from the DuckDB file (default) or from Parquet files beside it")
     demo.set_defaults(command=run_demo)
 
     query = commands.add_parser("query", help="answer one SQL query with differential privacy")
@@ -111,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("policy", metavar="POLICY", help="the TOML policy file")
     check.add_argument("--db", help="also check that this DuckDB file matches the policy, that its delta "
                        "suits the tables' sizes, and report what the caps and bounds keep (exact: owner only)")
+    check.add_argument("--sources", action="store_true", help="also read every table's `source =` and match it "
+                       "to the policy (a missing or unreadable source is an error)")
     check.set_defaults(command=run_policy_check)
     suggest = policy_commands.add_parser(
         "suggest", help="propose caps and bounds keeping a share of rows and sums (exact: owner only)")
@@ -173,7 +177,12 @@ def _port(text: str) -> int:
 
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, help="the DuckDB database file (opened read-only)")
+    parser.add_argument("--db", help="the DuckDB database file (opened read-only); not needed when the policy "
+                        "names each table's source")
+    parser.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
+                        help="what runs the bounded query (spark: needs pyspark and Java 17+; reads the sources)")
+    parser.add_argument("--spark-master", default="local[2]", help="the Spark master for --engine spark "
+                        "(default local[2]; or spark://HOST:7077, yarn, k8s://...)")
     parser.add_argument("--policy", required=True, help="the TOML policy file")
     parser.add_argument("--analyst", default="default", help="whose budget is charged (default: 'default')")
     parser.add_argument("--ledger", help="budget ledger file, created if missing (default: none, nothing is kept)")
@@ -197,7 +206,9 @@ def run_query(args: argparse.Namespace) -> int:
             "does not carry over to the next command. Pass --ledger FILE to keep it.",
             file=sys.stderr,
         )
-    with dpsql.connect(args.db, policy=args.policy, analyst=args.analyst, ledger=args.ledger) as conn:
+    from dpsql.datasources import cli_database  # noqa: PLC0415 - loads pyspark only for --engine spark
+
+    with dpsql.connect(cli_database(args), policy=args.policy, analyst=args.analyst, ledger=args.ledger) as conn:
         if args.explain:
             print(_format_explanation(conn.explain(args.sql, epsilon=args.epsilon, delta=args.delta)))
         else:
@@ -281,8 +292,19 @@ def run_policy_check(args: argparse.Namespace) -> int:
     """``dpsql policy check``: load the policy (and match it to ``--db``), then summarise it."""
     policy = load_policy(args.policy)
     against, bounding = "", []
+    if args.db is None and args.sources:  # the policy's `source =` tables alone (dpsql.datasources)
+        from dpsql.datasources import open_engine  # noqa: PLC0415
+
+        engine = open_engine(None, policy)
+        try:
+            check_against_schema(policy, engine.schema())
+        finally:
+            engine.close()
+        against = "; matches its sources"
     if args.db is not None:
-        engine = DuckDBEngine(args.db)
+        from dpsql.datasources import open_engine  # noqa: PLC0415 - the file, and any sources
+
+        engine = open_engine(args.db, policy)
         try:
             check_against_schema(policy, engine.schema())
             from dpsql.bounding import check_lines  # noqa: PLC0415 - the owner's exact figures
@@ -468,7 +490,14 @@ def run_demo(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     policy = _demo_policy()
     database = _demo_database(args.dir or default_demo_dir(), args.rows, args.units)
-    with dpsql.connect(database, policy=policy, analyst=_DEMO_ANALYST, ledger=None) as conn:
+    tables = None
+    if getattr(args, "source", "duckdb") == "parquet":
+        from dpsql.datasources import export_parquet  # noqa: PLC0415
+
+        tables = export_parquet(database, database.with_name(database.stem + "-parquet"))
+        print(f"tables: {', '.join(f'{name} = {path}' for name, path in tables.items())}")
+    with dpsql.connect(None if tables else database, policy=policy, analyst=_DEMO_ANALYST, ledger=None,
+                       tables=tables) as conn:
         print(f"policy: {policy.source}\nanalyst: {_DEMO_ANALYST}, in-memory ledger")
         print(_format_budget_line(conn.budget()))
         for number, query in enumerate(_DEMO_QUERIES, 1):

@@ -39,7 +39,10 @@ import sqlglot.expressions as exp
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import Error, PolicyError
 
-__all__ = ["OpenedSources", "SourcesEngine", "open_engine", "open_sources", "policy_sources", "source_kind"]
+__all__ = [
+    "OpenedSources", "SourcesEngine", "cli_database", "export_parquet", "open_engine", "open_sources",
+    "policy_sources", "source_kind",
+]
 
 _READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".json": "read_json",
             ".jsonl": "read_json", ".ndjson": "read_json"}
@@ -298,3 +301,33 @@ def _check_registered_frames(con: Any, policy: Any, engine: DuckDBEngine) -> Non
                 f"table {name!r} is a DataFrame or Arrow table registered on the DuckDB connection; dpsql "
                 f"reads only tables and views of the database. Pass it as dpsql.connect(tables={{{name!r}: "
                 "frame}, policy=...) (copied into dpsql's own hardened DuckDB), or CREATE TABLE it.")
+
+
+def cli_database(args: Any) -> object:
+    """What ``dpsql query`` connects to: ``--db`` (or nothing: the policy's sources), or,
+    with ``--engine spark``, a Spark session at ``--spark-master`` reading the sources."""
+    if getattr(args, "engine", "duckdb") != "spark":
+        return args.db
+    if args.db is not None:
+        raise Error("--engine spark reads the policy's `source =` tables (Parquet, CSV, JSON) or a Spark "
+                    "catalog, not a DuckDB file: drop --db, or use --engine duckdb.")
+    from dpsql.spark import local_session
+
+    return local_session(args.spark_master)
+
+
+def export_parquet(database: str | os.PathLike[str], folder: str | os.PathLike[str]) -> dict[str, str]:
+    """Every table of a DuckDB file as ``folder/TABLE.parquet`` (written once, then reused):
+    table name -> path, for ``dpsql.connect(tables=...)``."""
+    os.makedirs(folder, exist_ok=True)
+    paths: dict[str, str] = {}
+    with duckdb.connect(os.fspath(database), read_only=True) as con:
+        names = [r[0] for r in con.sql("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()]
+        for name in names:
+            path = os.path.join(os.fspath(folder), f"{name}.parquet")
+            if not os.path.exists(path):
+                partial = f"{path}.{os.getpid()}.partial"
+                con.execute(f"COPY {_ident(name)} TO {_literal(partial)} (FORMAT parquet)")
+                os.replace(partial, path)
+            paths[name] = path
+    return paths

@@ -258,3 +258,48 @@ def test_a_missing_policy_source_is_a_policy_error(tmp_path: Path) -> None:
     policy_file.write_text(CONNECT_POLICY.replace('[tables.visits]\n', '[tables.visits]\nsource = "nope/*.parquet"\n'))
     with pytest.raises(dpsql.PolicyError, match="table 'visits': its source .*nope.* names no readable file"):
         dpsql.connect(policy=str(policy_file))
+
+
+def _policy_file(files: Path) -> Path:
+    path = files / "policy.toml"
+    path.write_text(CONNECT_POLICY.replace('[tables.visits]\n', '[tables.visits]\nsource = "visits_*.parquet"\n'))
+    return path
+
+
+def test_cli_query_reads_the_policy_sources(files: Path, capsys) -> None:
+    from dpsql.cli import main
+
+    assert main(["query", "--policy", str(_policy_file(files)), "--epsilon", "5",
+                 "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"]) == 0
+    assert "north" in capsys.readouterr().out
+
+
+def test_cli_policy_check_sources(files: Path, capsys) -> None:
+    from dpsql.cli import main
+
+    assert main(["policy", "check", str(_policy_file(files)), "--sources"]) == 0
+    assert "matches its sources" in capsys.readouterr().out
+    (files / "visits_a.parquet").unlink()
+    (files / "visits_b.parquet").unlink()
+    assert main(["policy", "check", str(_policy_file(files)), "--sources"]) != 0
+    assert "names no readable file" in capsys.readouterr().err
+
+
+def test_cli_query_with_a_parquet_file_as_db_is_a_clear_error(files: Path, capsys) -> None:
+    from dpsql.cli import main
+
+    policy = files / "plain.toml"
+    policy.write_text(CONNECT_POLICY)
+    assert main(["query", "--db", str(files / "visits_a.parquet"), "--policy", str(policy),
+                 "SELECT COUNT(*) FROM visits"]) != 0
+    err = capsys.readouterr().err
+    assert "not a DuckDB database" in err and "Traceback" not in err
+
+
+def test_cli_demo_on_parquet(tmp_path: Path, capsys) -> None:
+    from dpsql.cli import main
+
+    assert main(["demo", "--source", "parquet", "--dir", str(tmp_path), "--rows", "20000", "--units", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "visits = " in out and ".parquet" in out
+    assert list(tmp_path.glob("*-parquet/visits.parquet"))
