@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/test_server.py
 
 from dpsql.auth import create_token  # noqa: E402
 from dpsql.demo import make_demo_database  # noqa: E402
+from dpsql.pgwire.scram import store_verifier  # noqa: E402
 from test_server import ServerProcess  # noqa: E402
 
 APPS = [f"app{i}" for i in range(250)]
@@ -89,9 +90,16 @@ def make_setup(home: Path, reporters: int = 4) -> Setup:
     policy = home / "policy.toml"
     policy.write_text(POLICY_TEXT)
     auth, report_auth = home / "auth.toml", home / "reporters.toml"
-    analyst = create_token(auth, "alice")
-    tokens = tuple(create_token(report_auth, f"device-group-{i}") for i in range(reporters))
+    analyst = _token(auth, "alice")
+    tokens = tuple(_token(report_auth, f"device-group-{i}") for i in range(reporters))
     return Setup(db, policy, auth, report_auth, home / "reports.sqlite", analyst, tokens)
+
+
+def _token(auth: Path, name: str) -> str:
+    """A token and its SCRAM verifier, as ``dpsql token create`` makes them."""
+    token = create_token(auth, name)
+    store_verifier(auth, name, token)
+    return token
 
 
 class ReportServer(ServerProcess):
@@ -110,4 +118,29 @@ class ReportServer(ServerProcess):
                    "--host", "127.0.0.1", "--port", "0", *extra]
         with open(log, "ab") as err:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, env=env, cwd=root)
-        self.location = self._wait_until_listening()
+        addresses = self._addresses(2 if "--pg-port" in extra else 1)
+        self.location = addresses[0]
+        self.pg_address = addresses[-1] if len(addresses) > 1 else None  # host:port of --pg-port
+
+    def _addresses(self, count: int) -> list[str]:
+        """The ``listening on ADDRESS`` lines the server prints, ``count`` of them (bounded wait)."""
+        import selectors
+        import time
+
+        assert self.process.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(self.process.stdout, selectors.EVENT_READ)
+        deadline, text = time.monotonic() + 30, b""
+        while time.monotonic() < deadline and text.count(b"\n") < count:
+            if selector.select(timeout=0.5):
+                chunk = self.process.stdout.read1(4096)  # type: ignore[attr-defined]
+                if not chunk:
+                    break
+                text += chunk
+        selector.close()
+        lines = text.decode().splitlines()[:count]
+        if len(lines) < count or not all(line.startswith("listening on ") for line in lines):
+            self.process.kill()
+            self.process.wait(30)
+            raise AssertionError(f"the server did not start: {text!r}\n{self.log.read_text()}")
+        return [line.split()[-1] for line in lines]

@@ -40,7 +40,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 @pytest.fixture(scope="module")
 def server(setup: Setup) -> Iterator[ReportServer]:
     proc = ReportServer(setup, setup.db.parent / "server.log", "--report-batch", str(K),
-                        "--report-rate", "1000000")
+                        "--report-rate", "1000000", "--pg-port", "0")
     yield proc
     assert proc.stop() == 0, proc.log.read_text()
 
@@ -123,3 +123,17 @@ def test_the_store_and_the_log_hold_nothing_of_the_sender(server: ReportServer, 
     assert "report batch released to the store" in log
     for secret in (*setup.reporters, "device-group", *(repr(v) for v in stored)):
         assert secret not in log
+
+
+def test_the_postgres_front_answers_local_tables_and_refuses_reporting_tokens(server: ReportServer,
+                                                                            setup: Setup) -> None:
+    psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is in the test extra")
+    assert server.pg_address is not None
+    host, port = server.pg_address.split("://")[-1].rsplit(":", 1)  # postgresql://127.0.0.1:PORT
+    with psycopg.connect(host=host, port=int(port), user="alice", password=setup.analyst, dbname="dpsql",
+                         connect_timeout=30) as conn:
+        (n,), = conn.execute("SELECT COUNT(*) AS n FROM survey").fetchall()
+        assert int(n) % K == 0  # whatever the other tests stored: whole batches only
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(host=host, port=int(port), user="device-group-0", password=setup.reporters[0],
+                        dbname="dpsql", connect_timeout=30)
