@@ -175,3 +175,31 @@ region = { public_values = ["north", "south"] }
         assert spark.sql("SELECT 1").collect()  # the caller's session is still open
     finally:
         spark.catalog.dropTempView("visits")
+
+
+def test_cli_query_with_the_spark_engine(spark, tmp_path: Path, capsys) -> None:
+    from dpsql.cli import main
+
+    spark.createDataFrame([(u, "north" if u % 2 else "south") for u in range(100)],
+                          "user_id BIGINT, region STRING").write.parquet(str(tmp_path / "visits"))
+    policy = tmp_path / "policy.toml"
+    policy.write_text("""
+[privacy]
+max_epsilon_per_query = 10.0
+max_delta_per_query = 1e-5
+default_epsilon = 1.0
+[budget]
+default = { epsilon = 100.0, delta = 0.1 }
+[tables.visits]
+source = "visits"
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.visits.columns]
+region = { public_values = ["north", "south"] }
+""")
+    assert main(["query", "--engine", "spark", "--spark-master", "local[2]", "--policy", str(policy),
+                 "--epsilon", "5", "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"]) == 0
+    assert "north" in capsys.readouterr().out
+    assert main(["query", "--engine", "spark", "--db", "x.duckdb", "--policy", str(policy), "SELECT 1"]) != 0
+    assert "--engine spark reads the policy's" in capsys.readouterr().err
