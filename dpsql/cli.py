@@ -140,7 +140,12 @@ def _parser() -> argparse.ArgumentParser:
     audit.set_defaults(command=_run_audit)
 
     serve = commands.add_parser("serve", help="run the Arrow Flight proxy for remote analysts")
-    serve.add_argument("--db", required=True, help="the DuckDB database file (opened read-only)")
+    serve.add_argument("--db", help="the DuckDB database file (opened read-only); not needed when the policy "
+                       "names each table's source")
+    serve.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
+                       help="what runs the bounded queries (spark: needs pyspark and Java 17+; reads the sources)")
+    serve.add_argument("--spark-master", default="local[2]", help="the Spark master for --engine spark "
+                       "(default local[2]; or spark://HOST:7077, yarn, k8s://...)")
     serve.add_argument("--policy", required=True, help="the TOML policy file")
     serve.add_argument("--ledger", required=True, help="budget ledger file, created if missing")
     serve.add_argument("--auth", required=True, help="the auth file written by dpsql token create")
@@ -400,13 +405,19 @@ def run_token_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_database(args: argparse.Namespace) -> object:
+    from dpsql.datasources import cli_database  # noqa: PLC0415 - loads pyspark only for --engine spark
+
+    return cli_database(args)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """``dpsql serve``: answer remote analysts until SIGTERM or Ctrl-C."""
     from dpsql.server import ServeOptions, configure_logging, serve
 
     configure_logging()
     options = ServeOptions(
-        database=args.db, policy=args.policy, ledger=args.ledger, auth=args.auth,
+        database=_serve_database(args), policy=args.policy, ledger=args.ledger, auth=args.auth,
         host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
         pg_port=args.pg_port, pg_host=args.pg_host, reports=args.reports, report_auth=args.report_auth,
         report_batch=args.report_batch, report_rate=args.report_rate,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dpsql.connection import Connection
+from dpsql.datasources import open_engine
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import RateLimited
 from dpsql.explain import Explanation
@@ -54,12 +55,14 @@ class Service:
         self._closed = False
 
     @classmethod
-    def open(cls, database: str | os.PathLike[str], policy: str | os.PathLike[str], ledger: str | os.PathLike[str],
+    def open(cls, database: str | os.PathLike[str] | object | None, policy: str | os.PathLike[str],
+             ledger: str | os.PathLike[str],
              *, reports: str | os.PathLike[str] | None = None) -> Service:
-        """Open the database hardened and read-only, check it against the policy, open the
+        """Open the database hardened and read-only (or the policy's sources, or a Spark
+        session: :func:`dpsql.datasources.open_engine`), check it against the policy, open the
         ledger and, given ``reports``, the report store of the policy's local tables."""
         loaded = load_policy(policy)
-        engine = DuckDBEngine(database)
+        engine = open_engine(database, loaded)
         book: Ledger | None = None
         store: ReportStore | None = None
         try:
