@@ -57,7 +57,7 @@ from dpsql.analyze import analyze, resolve_budget
 from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
 from dpsql.datasources import open_engine
 from dpsql.engine import DuckDBEngine, Engine
-from dpsql.errors import Error, QueryFailed
+from dpsql.errors import Error, QueryFailed, QueryRejected
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.local.query import answer as answer_local
 from dpsql.local.query import references_local_table
@@ -292,6 +292,10 @@ class Connection:
         if references_local_table(sql, self._policy):  # local DP: post-processing, no charge
             self._check_open()
             return answer_local(sql, self._policy, self._reports)
+        if bias and self._timing is not None:  # its second pass is not in the deadline model
+            raise QueryRejected("bias=True is not available on a connection with deadlines (deadline=...): "
+                                "its extra pass over the data is not in the deadline model. Open the "
+                                "connection without deadline to use it.")
         if bias:  # the estimate takes its share of the query's epsilon
             epsilon = (self._policy.default_epsilon if epsilon is None else epsilon) * (1 - BIAS_SHARE)
         plan = self.plan(sql, epsilon=epsilon, delta=delta)

@@ -107,3 +107,14 @@ def test_one_unit_moves_the_exact_estimate_by_at_most_the_clip(tmp_path) -> None
     for sql in ("SELECT COUNT(*) FROM t", "SELECT k, COUNT(*) FROM t GROUP BY k"):
         assert 0 < exact["heavy", sql] - exact["D", sql] <= clip[sql] << FRACTION_BITS
         assert exact["light", sql] == exact["D", sql]
+
+
+def test_not_with_deadlines(database) -> None:
+    """The estimate's extra pass is not in the deadline model: refused, uncharged."""
+    from dpsql.timing import TimingModel
+
+    path, _ = database
+    with dpsql.connect(path, policy=parse_policy(POLICY), analyst="d", deadline=TimingModel(base=0.05, per_row=1e-6)) as conn:
+        with pytest.raises(dpsql.QueryRejected, match="deadline"):
+            conn.execute("SELECT COUNT(*) AS n FROM t", epsilon=1.0, bias=True)
+        assert conn.budget().epsilon_spent == 0
