@@ -41,20 +41,24 @@ read no data and charge nothing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
 import traceback
-from dataclasses import asdict
 from collections.abc import Mapping
+from dataclasses import asdict, replace
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
+import sqlglot.expressions as exp
 
 from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.analyze import analyze, resolve_budget
+from dpsql.normalize import check_dialect, query_budget
+from dpsql.normalize import without_options as _without_options
+from dpsql.public import engine_query, public_only, public_result
 from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
 from dpsql.datasources import open_engine
 from dpsql.engine import DuckDBEngine, Engine
@@ -70,14 +74,11 @@ from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
 from dpsql.release.bias import BIAS_SHARE, bias_mechanism, estimate_dropped
 from dpsql.release.clamp import clamp_result
-from dpsql.result import Result
+from dpsql.result import Accuracy, Result
 from dpsql.rewrite import bounded_query, salt_parameters, value_query
 from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
 from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
 from dpsql.report import charge_of, described, fresh_result, privacy_report, repeat_result, uses_udf, with_values
-
-if TYPE_CHECKING:
-    from dpsql.dbapi import Cursor
 
 __all__ = ["Connection", "Explanation", "connect"]
 
@@ -91,16 +92,7 @@ MAX_PUBLIC_KEYS = 10_000
 
 
 class Connection:
-    """A differentially private view of one database for one analyst; also a DB-API 2.0
-    connection (``cursor()``, ``commit()``, ``rollback()``, ``close()``: :mod:`dpsql.dbapi`).
-
-    Attributes:
-        epsilon, delta: what a cursor's ``execute`` spends when neither the cursor nor the
-            call names it (``None``: the policy's ``default_epsilon``, and 0).
-    """
-
-    epsilon: float | None = None
-    delta: float | None = None
+    """A differentially private view of one database for one analyst."""
 
     def __init__(
         self,
@@ -114,6 +106,7 @@ class Connection:
         answers: RepeatCache | None = None,
         timing: Timing | None = None,
         reports: str | os.PathLike[str] | ReportStore | None = None,
+        dialect: str | None = None,
     ) -> None:
         """Chain the passes over ``engine`` for ``analyst``.
 
@@ -127,19 +120,21 @@ class Connection:
                 (:mod:`dpsql.timing`); ``None``: answer as soon as done.
             reports: the report store of the policy's local tables (:mod:`dpsql.local`): a
                 path (opened here, closed with the connection) or a ``ReportStore``.
+            dialect: the SQL dialect queries are written in unless ``execute`` names one.
         """
         if not isinstance(analyst, str) or not analyst:
             raise Error("analyst must be a non-empty string naming whose budget is charged.")
         self._engine = engine
         self._policy = policy
         self._analyst = analyst
+        self._dialect = check_dialect(dialect)
         self._ledger = ledger
         self._source = noise_source
         self._reports, self._owns_reports = open_report_store(reports)
         self._closed = False
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
-        self._plans: dict[tuple[str, float | None, float | None], QueryPlan] = {}
+        self._plans: dict[tuple[str, float | None, float | None, str | None], QueryPlan] = {}
         self._sql_texts: dict[int, tuple[QueryPlan, str]] = {}
         self._answers: RepeatCache | None = None
         self._timing = timing
@@ -156,18 +151,24 @@ class Connection:
     def policy(self) -> Policy:
         return self._policy
 
-    def plan(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> QueryPlan:
+    def plan(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
+             dialect: str | None = None) -> QueryPlan:
         """Analyze ``sql``: every check, no data read, nothing charged.
 
-        Plans are remembered per (SQL text, epsilon, delta) for this connection (they depend
-        only on those, the policy, the schema and the registered UDFs, which clears them)."""
+        ``dialect`` names the SQL dialect ``sql`` is written in (sqlglot's readers:
+        "postgres", "bigquery", "tsql", "spark" ...; default: the connection's, else
+        DuckDB's). Plans are remembered per (SQL text, epsilon, delta, dialect) for this
+        connection (they depend only on those, the policy, the schema and the registered
+        UDFs, which clears them)."""
         self._check_open()
+        dialect = dialect or self._dialect
+        epsilon, delta = query_budget(sql, epsilon, delta)  # a BigQuery OPTIONS clause's
         epsilon, delta = resolve_budget(self._policy, epsilon, delta)  # checked before any lookup
-        key = (sql, epsilon, delta)
+        key = (sql, epsilon, delta, dialect)
         cached = self._plans.get(key) if isinstance(sql, str) else None
         if cached is not None:
             return cached
-        plan = self._analyze(sql, epsilon=epsilon, delta=delta)
+        plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect)
         if isinstance(sql, str):
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.pop(next(iter(self._plans)))
@@ -175,15 +176,24 @@ class Connection:
             self._plans[key] = plan
         return plan
 
-    def _analyze(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> QueryPlan:
+    def _analyze(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
+                 dialect: str | None = None) -> QueryPlan:
         plan = analyze(
             sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
-            public_values=self._public_values, udfs=self._udfs,
+            public_values=self._public_values, udfs=self._udfs, dialect=dialect, public_rows=self._public_rows,
         )
         self._post.check(plan, noisy_schema(plan))
         for release in plan.value_releases:  # refusals the release would make: before the charge
             check_strategy(release.target, plan.delta)  # type: ignore[arg-type]
         return plan
+
+    def _public_rows(self, query: exp.Select) -> list[tuple[object, ...]]:
+        """The rows of a query over public tables only (:mod:`dpsql.normalize` checked it)."""
+        text = engine_query(query, self._engine)
+        if self._timing is not None:  # not while another query runs: its time would show
+            with self._timing.slot:
+                return [tuple(r.values()) for r in self._engine.run(text).to_pylist()]
+        return [tuple(r.values()) for r in self._engine.run(text).to_pylist()]
 
     def _public_values(self, table: str, column: str) -> tuple[object, ...] | None:
         """A public table's distinct values of a column (public data), ``None`` past
@@ -195,7 +205,8 @@ class Connection:
                 return self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS)
         return self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS)
 
-    def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Explanation:
+    def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
+                dialect: str | None = None) -> Explanation:
         """What ``sql`` would be charged, its mechanisms, bounded SQL and expected accuracy.
 
         Reads no data and charges nothing (see :class:`~dpsql.explain.Explanation`). The
@@ -233,13 +244,13 @@ class Connection:
         >>> conn.budget().queries
         0
         """
-        plan = self.plan(sql, epsilon=epsilon, delta=delta)
+        plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
         bounded = bounded_query(plan, self._engine, salt=0).sql(dialect=self._engine.dialect, pretty=True)
         budget = self._policy.budget_for(self._analyst)
         composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(
             plan, bounded, privacy_report(plan), composition,
-            replan=lambda eps: self._replan(sql, eps, plan.delta),
+            replan=lambda eps: self._replan(sql, eps, plan.delta, dialect),
             max_epsilon=self._policy.max_epsilon_per_query,
         )
 
@@ -275,17 +286,19 @@ class Connection:
             self._policy.max_epsilon_per_query, count=count, mean=mean,
         )
 
-    def _replan(self, sql: str, epsilon: float, delta: float) -> QueryPlan:
+    def _replan(self, sql: str, epsilon: float, delta: float, dialect: str | None = None) -> QueryPlan:
         """Plan an already-checked query at another epsilon (pure: no data, no charge)."""
         self._check_open()
         return analyze(
-            sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
-            public_values=self._public_values, udfs=self._udfs,
+            _without_options(sql), self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
+            public_values=self._public_values, udfs=self._udfs, dialect=dialect or self._dialect,
+            public_rows=self._public_rows,
         )
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
                 clamp_counts: bool = False,
-                bias: bool = False) -> Result:
+                bias: bool = False,
+                dialect: str | None = None) -> Result:
         """Answer ``sql`` with differential privacy, charging (epsilon, delta).
 
         A repeat (same analyst, normalised SQL, epsilon, delta, policy and data version)
@@ -309,9 +322,16 @@ class Connection:
             raise QueryRejected("bias=True is not available on a connection with deadlines (deadline=...): "
                                 "its extra pass over the data is not in the deadline model. Open the "
                                 "connection without deadline to use it.")
+        self._check_open()
+        public = public_only(sql, self._policy, self._engine.schema(), dialect=dialect or self._dialect,
+                             public_query=self._public_rows)
+        if public is not None:  # only public tables: exact, free
+            return public_result(public, self._engine, sql)
         if bias:  # the estimate takes its share of the query's epsilon
             epsilon = (self._policy.default_epsilon if epsilon is None else epsilon) * (1 - BIAS_SHARE)
-        plan = self.plan(sql, epsilon=epsilon, delta=delta)
+        plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
+        if not plan.measurements and plan.selection is None and not plan.value_releases:
+            return self._listed_keys(plan, sql)
         if bias:
             result = self._execute_with_bias(plan, sql)
         elif self._timing is None or self.is_repeat(plan, sql):
@@ -344,6 +364,19 @@ class Connection:
         result.bias = estimate  # type: ignore[attr-defined]
         result.privacy = _replace(result.privacy, epsilon=charge.epsilon, notes=(*result.privacy.notes, estimate.note()))
         return result
+
+    def _listed_keys(self, plan: QueryPlan, sql: str) -> Result:
+        """GROUP BY keys the policy lists, and nothing measured (``SELECT DISTINCT region``):
+        the answer is every listed value, known without the data, so nothing is read or
+        charged (issue 14, item 3)."""
+        schema = noisy_schema(plan)
+        grid = list(itertools.product(*(k.public_values or () for k in plan.group_keys)))
+        columns = [pa.array([row[i] for row in grid], type=schema.field(k.name).type) for i, k in enumerate(plan.group_keys)]
+        noisy = pa.table(columns, names=[k.name for k in plan.group_keys])
+        table, cells = self._post.run(plan, noisy)
+        report = privacy_report(plan)
+        note = "only keys the policy lists were asked for: the answer is known without the data, and free"
+        return Result(table, replace(report, epsilon=0.0, delta=0.0, notes=(*report.notes, note)), Accuracy(cells), sql)
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
@@ -433,7 +466,7 @@ class Connection:
 
     def _repeat_key(self, plan: QueryPlan, sql: str) -> str:
         return repeat_key(
-            analyst=self._analyst, sql=sql, epsilon=plan.epsilon, delta=plan.delta,
+            analyst=self._analyst, sql=plan.normalized or sql, epsilon=plan.epsilon, delta=plan.delta,
             policy=self._policy_fingerprint, noise=described(plan), data=self._engine.data_version(),
         )
 
@@ -447,25 +480,6 @@ class Connection:
                 return "no events"
             self._anchor_cache = f"{first[0].id}:{first[0].time!r}"
         return self._anchor_cache
-
-    def cursor(self, *, epsilon: float | None = None, delta: float | None = None) -> Cursor:
-        """A DB-API cursor spending ``epsilon``/``delta`` per execute (default: the
-        connection's ``epsilon``/``delta``); see :mod:`dpsql.dbapi`."""
-        from dpsql.dbapi import Cursor  # noqa: PLC0415 - dbapi builds on this module
-
-        self._check_open()
-        return Cursor(self, epsilon=self.epsilon if epsilon is None else epsilon,
-                      delta=self.delta if delta is None else delta)
-
-    def commit(self) -> None:
-        """Nothing to commit (DB-API): dpsql only reads, and a charge is recorded when made."""
-
-    def rollback(self) -> None:
-        """Nothing to roll back (DB-API): a charge is final and is never undone."""
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def budget(self) -> BudgetStatus:
         """What this analyst has spent and has left."""
@@ -508,6 +522,7 @@ def connect(
     deadline: bool | TimingModel = False,
     tables: Mapping[str, object] | None = None,
     reports: str | os.PathLike[str] | ReportStore | None = None,
+    dialect: str | None = None,
 ) -> Connection:
     """Open a differentially private connection.
 
@@ -544,6 +559,9 @@ def connect(
         reports: the report store (a SQLite path or a ``ReportStore``) holding the shuffled
             reports of the policy's ``model = "local"`` tables; queries over them are
             answered from it, free of central budget (:mod:`dpsql.local`).
+        dialect: the SQL dialect queries are written in (sqlglot's reader names:
+            "postgres", "bigquery", "tsql", "spark" ...); ``execute(dialect=...)``
+            overrides it per query. Default: DuckDB's.
 
     Raises:
         PolicyError: the policy is malformed or does not match the database.
@@ -564,7 +582,7 @@ def connect(
         raise
     try:
         return Connection(engine, loaded, analyst, book, noise_source=noise_source, repeats=repeats, timing=timing,
-                          reports=reports)
+                          reports=reports, dialect=dialect)
     except BaseException:
         engine.close()
         if book is not ledger:

@@ -49,10 +49,9 @@ import sqlglot
 import sqlglot.errors
 import sqlglot.expressions as exp
 
-from dpsql.diagnose import parse_statements
 from dpsql.errors import QueryRejected
 
-__all__ = ["Normalized", "PublicQuery", "normalize", "DIALECTS"]
+__all__ = ["DIALECTS", "Normalized", "PublicQuery", "check_dialect", "normalize", "query_budget", "without_options"]
 
 #: Reads rows of a query over public tables only (the connection's engine).
 PublicQuery = Callable[[exp.Select], "list[tuple[object, ...]]"]
@@ -121,6 +120,37 @@ def _dp_options(sql: str) -> tuple[str, dict[str, str]]:
     return _blank(sql, match.start(1), match.end(1)), options
 
 
+def check_dialect(dialect: str | None) -> str | None:
+    """``dialect`` lower-cased, or a refusal naming the dialects dpsql reads."""
+    if dialect is None:
+        return None
+    if not isinstance(dialect, str) or dialect.lower() not in DIALECTS:
+        raise QueryRejected(f"unknown SQL dialect {dialect!r}; use one of {', '.join(DIALECTS)}.")
+    return dialect.lower()
+
+
+def without_options(sql: str) -> str:
+    """``sql`` without its BigQuery ``WITH DIFFERENTIAL_PRIVACY OPTIONS`` clause (blanked)."""
+    return _dp_options(sql)[0] if isinstance(sql, str) else sql
+
+
+def query_budget(sql: object, epsilon: float | None, delta: float | None) -> tuple[float | None, float | None]:
+    """The (epsilon, delta) a query asks for: the arguments, or a BigQuery ``WITH
+    DIFFERENTIAL_PRIVACY OPTIONS`` clause's; both, if they differ, is refused."""
+    if not isinstance(sql, str):
+        return epsilon, delta
+    _, options = _dp_options(sql)
+    out = []
+    for name, given in (("epsilon", epsilon), ("delta", delta)):
+        written = _number(name, options[name]) if name in options else None
+        if written is not None and given is not None and written != given:
+            raise QueryRejected(
+                f"the query's OPTIONS set {name} = {options[name]} and the call passes {name}={given}; give it once."
+            )
+        out.append(written if written is not None else given)
+    return out[0], out[1]
+
+
 def _number(name: str, text: str) -> float:
     try:
         return float(text)
@@ -175,13 +205,14 @@ def normalize(
     meant."""
     if not isinstance(sql, str):
         raise QueryRejected(f"the query must be a string of SQL, got {type(sql).__name__}.")
-    read = (dialect or "duckdb").lower()
-    if read not in DIALECTS:
-        raise QueryRejected(f"unknown SQL dialect {dialect!r}; use one of {', '.join(DIALECTS)}.")
+    read = check_dialect(dialect) or "duckdb"
     text, options = _dp_options(sql)
     text, bounds = _contribution_bounds(text)
     text, top = _top(text) if read != "tsql" else (text, None)
-    statements = parse_statements(text, read=read)  # size limits; syntax errors in words (issue 20)
+    try:
+        statements = [s for s in sqlglot.parse(text, read=read) if s is not None]
+    except sqlglot.errors.SqlglotError as e:
+        raise QueryRejected(f"the query is not valid SQL: {e}") from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):
         raise _statement_error(sql)
     select = statements[0]
@@ -554,9 +585,7 @@ def literal_dates(select: exp.Select, ctx: _Ctx) -> exp.Select:
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, (exp.Cast, exp.TryCast)) and isinstance(node.this, exp.Literal) and node.this.is_string \
                 and node.to.this in _TEMPORAL_TYPES and isinstance(node.parent, (exp.Predicate, exp.Between, exp.In)):
-            literal = exp.Literal.string(node.this.this)
-            literal.meta.update(node.this.meta)  # where the user wrote it, for messages
-            return literal
+            return exp.Literal.string(node.this.this)
         if isinstance(node, (exp.Add, exp.Sub)) and not list(node.find_all(exp.Column)) and any(
                 isinstance(n, exp.Interval) for n in node.walk()):
             try:
@@ -566,7 +595,8 @@ def literal_dates(select: exp.Select, ctx: _Ctx) -> exp.Select:
             except duckdb.Error:
                 return node
             if value and value[0] is not None:
-                return exp.Literal.string(str(value[0]))
+                text = str(value[0])
+                return exp.Literal.string(text[:-9] if text.endswith(" 00:00:00") else text)
         return node
 
     return select.transform(fold, copy=False)  # type: ignore[return-value]

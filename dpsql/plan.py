@@ -86,12 +86,18 @@ class Source:
         table: the policy table.
         join: "from" for the primary table, else "inner" or "left".
         on: the join condition over canonical column references.
+        query: for a derived table (a per-unit aggregating subquery, issue 14), the query
+            that computes it, over policy tables named as in the policy; ``None`` for a
+            table read as it is.
+        types: for a derived table, its columns' engine types (casefolded name, type).
     """
 
     alias: str
     table: str
     join: str = "from"
     on: exp.Expression | None = None
+    query: exp.Select | None = None
+    types: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,12 @@ class Measurement:
         epsilon: this measurement's share of epsilon (Laplace), for reporting.
         mu: this measurement's Gaussian-DP mu (Gaussian), for reporting.
         source: the canonical alias of the table ``column`` belongs to.
+        expression: for an aggregate over an expression (``SUM(a * b)``), the expression
+            over canonical columns, compiled total (:mod:`dpsql.analyze.predicates`);
+            ``column`` is then its text. ``None`` for a bare column.
+        expression_type: the engine type ``expression`` evaluates to.
+        bounds_from: where ``bounds`` came from: "policy", "interval arithmetic" or
+            "analyst" (:mod:`dpsql.intervals`).
     """
 
     name: str
@@ -155,6 +167,9 @@ class Measurement:
     epsilon: float = 0.0
     mu: float = 0.0
     source: str = SOURCE_ALIAS
+    expression: exp.Expression | None = None
+    expression_type: str = ""
+    bounds_from: str = "policy"
 
     @property
     def lattice(self) -> float:
@@ -179,6 +194,8 @@ class Measurement:
         return {
             "measurement": self.kind,
             "column": self.column,
+            "bounds": list(self.bounds) if self.bounds is not None else None,
+            "bounds_from": self.bounds_from if self.bounds is not None else None,
             "mechanism": self.mechanism,
             "epsilon": self.epsilon,
             "mu": self.mu,
@@ -308,6 +325,8 @@ class QueryPlan:
         sources: the tables read, the primary one first, with their joins.
         unit_is_row: the primary table has no privacy unit but is joined: each of its rows
             is a unit (identified by its row id) and is bounded like one.
+        normalized: the query as the analyzer read it (DuckDB's dialect, after
+            :mod:`dpsql.normalize`): what repeats are keyed on, whatever the dialect.
     """
 
     sql: str
@@ -330,6 +349,7 @@ class QueryPlan:
     unit_is_row: bool = False
     value_releases: tuple[ValueRelease, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    normalized: str = ""
 
     def measurement(self, name: str) -> Measurement:
         for m in self.measurements:

@@ -106,11 +106,9 @@ def _rows(
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
-        tables = {source.alias: source.table for source in plan.sources}
-        schema = engine.schema()
         for key in plan.group_keys:
             for column, values in key.filters:
-                dtype = schema[tables[column.table].casefold()][column.name.casefold()]
+                dtype = _types(plan, engine, column.table)[column.name.casefold()]
                 conditions.append(member(column, dtype, values))
     if conditions:
         query = query.where(exp.and_(*conditions), copy=False)
@@ -121,7 +119,7 @@ def _unit(plan: QueryPlan, engine: Engine) -> exp.Expression:
     primary = plan.sources[0]
     if plan.unit_column is not None:
         return _col(plan.unit_column, primary.alias)
-    return engine.row_id(primary.alias, primary.table)
+    return _row_id(engine, primary)
 
 
 def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: int | None = None) -> exp.Select:
@@ -136,7 +134,7 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     salt = new_salt() if salt is None else salt
     unit = _unit(plan, engine)
     column = _col(release.column, release.source)
-    row_ids = [engine.row_id(source.alias, source.table) for source in plan.sources]
+    row_ids = [_row_id(engine, source) for source in plan.sources]
     keys = [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
     projections = [
         exp.alias_(unit.copy(), "__u", quoted=True),
@@ -166,7 +164,14 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     return query
 
 
-def _aliased(engine: Engine, source: Source) -> exp.Table:
+def _aliased(engine: Engine, source: Source) -> exp.Expression:
+    if source.query is not None:  # a derived table: its query, over the engine's tables
+        query = source.query.copy()
+        for table in list(query.find_all(exp.Table)):
+            real = engine.table(table.name)
+            real.set("alias", table.args.get("alias"))
+            table.replace(real)
+        return query.subquery(exp.to_identifier(source.alias, quoted=True))
     table = engine.table(source.table)
     table.set("alias", exp.TableAlias(this=exp.to_identifier(source.alias, quoted=True)))
     return table
@@ -178,14 +183,28 @@ def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expression]:
         projections.append(exp.alias_(_unit(plan, engine), "__u", quoted=True))
     for key in plan.group_keys:
         projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
-    tables = {source.alias: source.table for source in plan.sources}
-    schema = engine.schema()
     for m in plan.measurements:
-        value = _row_value(m, schema[tables[m.source].casefold()])
+        value = _row_value(m, {} if m.expression is not None else _types(plan, engine, m.source))
         if value is not None:
             projections.append(exp.alias_(value, f"{m.name}_v", quoted=True))
     # COUNT(*) over a row-level table needs no column at all, but SQL needs a select list
     return projections or [exp.alias_(_int(1), "__one", quoted=True)]
+
+
+def _types(plan: QueryPlan, engine: Engine, alias: str) -> Mapping[str, str]:
+    """The column types of the source read as ``alias`` (a derived table carries its own)."""
+    source = next(s for s in plan.sources if s.alias == alias)
+    if source.query is not None:
+        return dict(source.types)
+    return engine.schema()[source.table.casefold()]
+
+
+def _row_id(engine: Engine, source: Source) -> exp.Expression:
+    """A source's row id; a derived table's rows are unique (one per unit and inner key),
+    so the hash of the whole row tells them apart."""
+    if source.query is not None:
+        return exp.Anonymous(this="hash", expressions=[exp.column(source.alias, quoted=True)])
+    return engine.row_id(source.alias, source.table)
 
 
 def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | None:
@@ -193,8 +212,12 @@ def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | Non
     if m.kind in ("count_rows", "count_units"):
         return None
     assert m.column is not None
-    column = _col(m.column, m.source)
-    dtype = types[m.column.casefold()]
+    if m.expression is not None:  # an aggregate over an expression, compiled total
+        column: exp.Expression = exp.Paren(this=m.expression.copy())
+        dtype = m.expression_type
+    else:
+        column = _col(m.column, m.source)
+        dtype = types[m.column.casefold()]
     present: exp.Expression = exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null()))
     as_double = exp.cast(column.copy(), exp.DataType.build("DOUBLE"))  # never fails on a number
     if parse_type(dtype).name in ("FLOAT", "DOUBLE"):

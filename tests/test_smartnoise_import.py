@@ -119,3 +119,13 @@ def test_translated_policy_answers_a_query(tmp_path) -> None:  # type: ignore[no
         assert sorted(r[0] for r in res.fetchall()) == [False, True]
         with pytest.raises(dpsql.PolicyViolation, match="notes"):
             conn.execute("SELECT COUNT(*) FROM PUMS WHERE notes = 'x'", epsilon=0.5)
+
+
+def test_cli_prints_the_policy_and_the_notes(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from dpsql.cli import main
+
+    (tmp_path / "pums.yaml").write_text(PUMS_PID)
+    assert main(["policy", "import", str(tmp_path / "pums.yaml")]) == 0
+    out, err = capsys.readouterr()
+    assert parse_policy(out).table("PUMS").privacy_unit == "pid"
+    assert "not mapped" in err and "rows = 1000" in err

@@ -227,7 +227,18 @@ def _numbers(alias: str, depth: int) -> st.SearchStrategy[str]:
         st.tuples(_conditions(alias, depth - 1), inner, inner).map(
             lambda t: f"CASE WHEN {t[0]} THEN {t[1]} ELSE {t[2]} END"),
         st.tuples(_conditions(alias, depth - 1), inner).map(lambda t: f"CASE WHEN {t[0]} THEN {t[1]} END"),
+        # issue 14: casts (TRY_CAST semantics), date parts, LEAST / GREATEST
+        st.tuples(st.one_of(inner, _strings(alias, 0)), st.sampled_from(CASTS)).map(lambda t: f"CAST({t[0]} AS {t[1]})"),
+        st.tuples(st.one_of(inner, _strings(alias, 0)), st.sampled_from(CASTS)).map(lambda t: f"{t[0]}::{t[1]}"),
+        st.tuples(st.sampled_from(PARTS), _temporals(alias, 0)).map(lambda t: f"EXTRACT({t[0]} FROM {t[1]})"),
+        st.tuples(st.sampled_from(["year", "month", "day", "hour", "dayofweek"]), _temporals(alias, 0)).map(
+            lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(st.sampled_from(["LEAST", "GREATEST"]), inner, inner).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
     )
+
+
+#: Cast targets of issue 14's CAST / ``::`` (a cast never fails: NULL where a value does not fit).
+CASTS = ["INTEGER", "BIGINT", "TINYINT", "HUGEINT", "DOUBLE", "FLOAT", "DECIMAL(10,2)", "DECIMAL(38,0)"]
 
 
 @functools.cache
@@ -240,6 +251,7 @@ def _strings(alias: str, depth: int) -> st.SearchStrategy[str]:
         leaves,
         st.tuples(st.sampled_from(["LOWER", "UPPER"]), inner).map(lambda t: f"{t[0]}({t[1]})"),
         st.tuples(inner, inner).map(lambda t: f"({t[0]} || {t[1]})"),
+        _numbers(alias, 0).map(lambda n: f"CAST({n} AS VARCHAR)"),
         st.tuples(_conditions(alias, depth - 1), inner, inner).map(
             lambda t: f"CASE WHEN {t[0]} THEN {t[1]} ELSE {t[2]} END"),
     )
@@ -254,6 +266,9 @@ def _temporals(alias: str, depth: int) -> st.SearchStrategy[str]:
     inner = _temporals(alias, depth - 1)
     return st.one_of(
         column, trunc,
+        st.tuples(_col(alias, ["dt"]), st.sampled_from(["+", "-"]), st.sampled_from(["1", "30", "1000000"])).map(
+            lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        st.tuples(_strings(alias, 0), st.sampled_from(["DATE", "TIMESTAMP"])).map(lambda t: f"CAST({t[0]} AS {t[1]})"),
         st.tuples(_conditions(alias, depth - 1), inner, st.one_of(inner, st.sampled_from(TEMPORAL_LITERALS))).map(
             lambda t: f"CASE WHEN {t[0]} THEN {t[1]} ELSE {t[2]} END"),
     )
@@ -320,6 +335,15 @@ def _aggregates(alias: str) -> st.SearchStrategy[str]:
         st.just("COUNT(*)"),
         _col(alias, list(COLUMNS)).map(lambda c: f"COUNT({c})"),
         st.tuples(st.sampled_from(["SUM", "AVG", "VAR_POP", "STDDEV", "MEDIAN"]), bounded).map(lambda t: f"{t[0]}({t[1]})"),
+        # issue 14: MIN / MAX, aggregates over expressions (bounds by interval arithmetic),
+        # FILTER, an analyst's clamp, COUNT of any value
+        st.tuples(st.sampled_from(["MIN", "MAX"]), bounded).map(lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(st.sampled_from(["SUM", "AVG", "VAR_POP"]), _numbers(alias, 1)).map(lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(st.sampled_from(["SUM", "AVG", "COUNT"]), bounded, _conditions(alias, 0)).map(
+            lambda t: f"{t[0]}({t[1]}) FILTER (WHERE {t[2]})"),
+        st.tuples(bounded, st.sampled_from(["0, 1", "-1e300, 1e300", "-5, 5"])).map(
+            lambda t: f"SUM(LEAST(GREATEST({t[0]}, {t[1].split(',')[0]}), {t[1].split(',')[1]}))"),
+        _any_value(alias, 1).map(lambda v: f"COUNT({v})"),
     )
 
 
@@ -340,7 +364,15 @@ def _family(column: str) -> str:
 def queries(draw: st.DrawFn) -> str:
     """One query over the extreme-value tables: SELECT aggregates FROM x | xr [JOIN ...]
     [WHERE ...] [GROUP BY ...]."""
-    table = draw(st.sampled_from(["x", "x", "xr"]))
+    table = draw(st.sampled_from(["x", "x", "xr", "per_unit"]))
+    if table == "per_unit":  # issue 14: a derived table that aggregates per unit
+        inner = draw(st.lists(st.tuples(st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX"]), _col("x", BOUNDED)),
+                              min_size=1, max_size=2, unique=True))
+        columns = ", ".join(f"{f}({c}) AS a{i}" for i, (f, c) in enumerate(inner))
+        where = draw(st.one_of(st.none(), _conditions("x", 1)))
+        body = f"SELECT x.u, {columns} FROM x" + (f" WHERE {where}" if where else "") + " GROUP BY x.u"
+        outer = draw(st.sampled_from(["SUM", "AVG", "COUNT", "MAX"]))
+        return f"SELECT COUNT(*), {outer}(d.a0) FROM ({body}) AS d"
     alias = table
     source = table
     if table == "x":

@@ -31,11 +31,12 @@ import sqlglot.expressions as exp
 from dpsql.analyze import predicates
 from dpsql.analyze.budget import check_budget, resolve_budget, split_budget
 from dpsql.analyze.clauses import _check_clauses
-from dpsql.analyze.context import Context, PublicValues
+from dpsql.analyze.context import Context, PublicRows, PublicValues
 from dpsql.analyze.keys import _effective_l0, _plan_group_keys
 from dpsql.analyze.outputs import _plan_output
 from dpsql.analyze.parse import parse_select, reject
 from dpsql.analyze.scope import build_scope, resolve
+from dpsql.normalize import normalize, query_budget
 from dpsql.plan import UDF, QueryPlan
 from dpsql.policy import Policy
 
@@ -54,6 +55,8 @@ def analyze(
     delta: float | None = None,
     public_values: PublicValues | None = None,
     udfs: Mapping[str, UDF] | None = None,
+    dialect: str | None = None,
+    public_rows: PublicRows | None = None,
 ) -> QueryPlan:
     """Check ``sql`` against ``policy`` and plan everything its answer needs.
 
@@ -66,21 +69,28 @@ def analyze(
         public_values: reads a public table's distinct column values, for keys from
             joined public tables (without it such keys go through partition selection).
         udfs: the connection's registered functions, by lower-case name.
+        dialect: the SQL dialect ``sql`` is written in (sqlglot's reader names; default
+            DuckDB's), see :mod:`dpsql.normalize`.
+        public_rows: runs a query over public tables only, for IN / EXISTS subqueries
+            over them (without it such subqueries are refused).
 
     Raises:
         QueryRejected: the SQL cannot be answered privately as written.
         PolicyViolation: the SQL uses what the policy forbids.
     """
-    ctx = Context(sql=sql, policy=policy, schema=schema, requested=(epsilon, delta),
-                  public_values=public_values, udfs=udfs or {})
+    ctx = Context(sql=sql, policy=policy, schema=schema, requested=query_budget(sql, epsilon, delta),
+                  public_values=public_values, udfs=udfs or {}, dialect=dialect, public_rows=public_rows)
     for rule in RULES:
         rule(ctx)
     return _plan(ctx)
 
 
 def parse(ctx: Context) -> None:
-    """Pass: one SELECT statement (every other statement is refused)."""
-    ctx.select = parse_select(ctx.sql)
+    """Pass: one SELECT statement (every other statement is refused), read in the analyst's
+    dialect and rewritten into the shape the later passes check (:mod:`dpsql.normalize`)."""
+    if not isinstance(ctx.sql, str):
+        parse_select(ctx.sql)  # its refusal
+    ctx.select = normalize(ctx.sql, ctx.policy, ctx.schema, dialect=ctx.dialect, public_query=ctx.public_rows).select
 
 
 def check_clauses(ctx: Context) -> None:
@@ -111,8 +121,9 @@ def check_where(ctx: Context) -> None:
 def outputs(ctx: Context) -> None:
     """Pass: the select list, HAVING, ORDER BY and LIMIT, and their aggregates."""
     ctx.output, ctx.names = _plan_output(ctx, ctx.select)
-    if not ctx.aggregates and not ctx.values:
-        raise reject("the query has no aggregate; select at least one, e.g. COUNT(*).", ctx.sql)
+    if not ctx.aggregates and not ctx.values and not ctx.keys:
+        raise reject("the query has no aggregate; select at least one, e.g. COUNT(*), or GROUP BY the keys to "
+                     "list.", ctx.sql)
 
 
 def l0_cap(ctx: Context) -> None:
@@ -159,7 +170,20 @@ def _plan(ctx: Context) -> QueryPlan:
         sources=tuple(scope.sources),
         unit_is_row=ctx.primary.privacy_unit is None and scope.joined,
         value_releases=value_releases,
+        normalized=_normalized_text(ctx.select),
     )
+
+
+def _normalized_text(select: exp.Select) -> str:
+    """The query as read, with identifiers unquoted and case-folded (dpsql resolves names
+    case-insensitively): the same question in any dialect or spelling has one text."""
+
+    def fold(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Identifier):
+            return exp.Identifier(this=node.name.casefold(), quoted=False)
+        return node
+
+    return select.copy().transform(fold).sql(dialect="duckdb")
 
 
 

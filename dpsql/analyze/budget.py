@@ -80,10 +80,15 @@ def split_budget(ctx: Context) -> None:
                 ctx.sql,
                 ctx.select.args.get("group"),
             )
-        eps_sel, dlt_sel = selection_share(eps, dlt, len(ctx.specs) + len(ctx.values))
+        if ctx.specs or ctx.values:
+            eps_sel, dlt_sel = selection_share(eps, dlt, len(ctx.specs) + len(ctx.values))
+        else:  # GROUP BY keys alone (issue 14): the keys are the whole answer
+            eps_sel, dlt_sel = eps, dlt
         ctx.selection = partition_selection(eps_sel, dlt_sel, l0)
         agg_eps, agg_dlt = eps - eps_sel, dlt - dlt_sel
     parts = len(ctx.values) + (1 if ctx.specs else 0)  # basic composition between the parts
+    if parts == 0:
+        return
     part_eps, part_dlt = agg_eps / parts, agg_dlt / parts
     max_rows = ctx.scope.max_rows_per_unit
     if ctx.specs:

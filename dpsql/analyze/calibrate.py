@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import sqlglot.expressions as exp
+
 from dpsql.errors import InternalError, QueryRejected
 from dpsql.noise import gaussian_noise, gdp_mu, laplace_noise
 from dpsql.plan import SOURCE_ALIAS, Measurement, MeasurementKind, Selection
@@ -47,6 +49,9 @@ class MeasurementSpec:
     column: str | None = None
     bounds: tuple[float, float] | None = None
     source: str = SOURCE_ALIAS
+    expression: exp.Expression | None = None
+    expression_type: str = ""
+    bounds_from: str = "policy"
 
 
 def clip_range(kind: str, bounds: tuple[float, float] | None) -> tuple[float, float]:
@@ -198,4 +203,7 @@ def _measure(
         epsilon=epsilon,
         mu=mu,
         source=spec.source,
+        expression=spec.expression,
+        expression_type=spec.expression_type,
+        bounds_from=spec.bounds_from,
     )

@@ -18,10 +18,13 @@ from dpsql.analyze.scope import Pending, Resolved, Scope
 from dpsql.plan import UDF, Aggregate, GroupKey, Measurement, Selection, ValueRelease
 from dpsql.policy import Policy, TablePolicy
 
-__all__ = ["Context", "PublicValues"]
+__all__ = ["Context", "PublicRows", "PublicValues"]
 
 #: Reads the distinct values of a public table's column (public data), or None if too many.
 PublicValues = Callable[[str, str], "tuple[object, ...] | None"]
+
+#: Reads the rows of a query over public tables only (public data), for IN / EXISTS lists.
+PublicRows = Callable[[exp.Select], "list[tuple[object, ...]]"]
 
 
 @dataclass
@@ -34,6 +37,8 @@ class Context:
     requested: tuple[float | None, float | None]
     public_values: PublicValues | None = None
     udfs: Mapping[str, UDF] = field(default_factory=dict)
+    dialect: str | None = None
+    public_rows: PublicRows | None = None
     # filled by the passes, in order
     epsilon: float = field(init=False)
     delta: float = field(init=False)

@@ -11,8 +11,8 @@ from dpsql.analyze import predicates
 from dpsql.analyze.clauses import _column, _resolver
 from dpsql.analyze.context import Context
 from dpsql.analyze.parse import DIALECT, point_at, reject
-from dpsql.analyze.scope import Resolved
-from dpsql.errors import PolicyViolation
+from dpsql.analyze.scope import Resolved, resolve
+from dpsql.errors import PolicyViolation, QueryRejected
 from dpsql.plan import GroupKey
 
 # -- group keys ------------------------------------------------------------------------
@@ -34,12 +34,22 @@ def _plan_group_keys(ctx: Context, select: exp.Select) -> None:
             if not 0 <= index < len(projections):
                 raise reject(f"GROUP BY {item.this} is out of range.", ctx.sql, item)
             node = projections[index].unalias()
-        elif isinstance(item, exp.Column) and not item.table:
-            node = _select_alias(projections, item.name) or item
+        elif isinstance(item, exp.Column) and not item.table and not _is_source_column(ctx, item):
+            node = _select_alias(projections, item.name) or item  # a name no table has: an alias
         if isinstance(node, exp.Column):
             _add_column_key(ctx, node)
         else:
             _add_expression_key(ctx, node)
+
+
+def _is_source_column(ctx: Context, column: exp.Column) -> bool:
+    """Whether a GROUP BY name is a column of a source table (it then means the column,
+    as in DuckDB and standard SQL, even when an output alias has the same name)."""
+    try:
+        resolve(ctx.scope, column)
+    except (QueryRejected, PolicyViolation):
+        return False
+    return True
 
 
 def _select_alias(projections: list[exp.Expression], name: str) -> exp.Expression | None:

@@ -3,6 +3,8 @@ and every aggregate they name (its measurements, or a values-based release)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sqlglot.expressions as exp
 
 from dpsql.analyze import predicates
@@ -12,9 +14,10 @@ from dpsql.analyze.context import Context
 from dpsql.analyze.keys import _key_identity, _shape
 from dpsql.analyze.parse import DIALECT, point_at, reject
 from dpsql.analyze.scope import Resolved
-from dpsql.diagnose import quote
 from dpsql.errors import PolicyViolation, QueryRejected
+from dpsql.intervals import bounds
 from dpsql.plan import NOISY_TABLE, SOURCE_ALIAS, Aggregate, QuantileSpec
+from dpsql.policy import ColumnPolicy
 
 # -- output: select list, HAVING, ORDER BY, LIMIT ----------------------------------------
 
@@ -30,7 +33,7 @@ def _plan_output(ctx: Context, select: exp.Select) -> tuple[exp.Select, tuple[st
         names.append(name)
     having = select.args.get("having")
     if having is not None:
-        out = out.where(_output_expression(ctx, having.this, aliases=names), copy=False)
+        out = out.where(_output_expression(ctx, having.this, aliases=names, condition=True), copy=False)
     order = select.args.get("order")
     if order is not None:
         ordered = [_output_order(ctx, o, names) for o in order.expressions]
@@ -65,7 +68,8 @@ def _output_order(ctx: Context, ordered: exp.Ordered, names: list[str]) -> exp.O
     return exp.Ordered(this=target, desc=ordered.args.get("desc"), nulls_first=ordered.args.get("nulls_first"))
 
 
-def _output_expression(ctx: Context, node: exp.Expression, aliases: list[str] | None = None) -> exp.Expression:
+def _output_expression(ctx: Context, node: exp.Expression, aliases: list[str] | None = None,
+                       condition: bool = False) -> exp.Expression:
     """Rewrite an expression over the table into one over the noisy table."""
     alias_set = {a.casefold(): a for a in aliases or []}
 
@@ -79,7 +83,7 @@ def _output_expression(ctx: Context, node: exp.Expression, aliases: list[str] | 
         if isinstance(n, exp.AggFunc) or _is_aggregate_like(n):
             return exp.column(_add_aggregate(ctx, n), quoted=True)
         if isinstance(n, exp.Column):
-            if not n.table and n.name.casefold() in alias_set and not _is_table_column(ctx, n):
+            if not n.table and n.name.casefold() in alias_set and not _is_key_column(ctx, n):
                 return exp.column(alias_set[n.name.casefold()], quoted=True)
             key = ctx.keys.get(_key_identity(_column(ctx, n)))
             if key is None:
@@ -93,6 +97,7 @@ def _output_expression(ctx: Context, node: exp.Expression, aliases: list[str] | 
         return n
 
     result = node.copy().transform(replace, copy=False)
+    result = _total_output(ctx, result, boolean=condition)
     for n in result.walk():
         if not isinstance(n, _OUTPUT_NODES):
             raise reject(
@@ -111,6 +116,63 @@ def _is_table_column(ctx: Context, column: exp.Column) -> bool:
     return True
 
 
+def _is_key_column(ctx: Context, column: exp.Column) -> bool:
+    """Whether a bare name is a GROUP BY key (a key, not an output alias, is what a name
+    both could mean refers to; an alias that shadows any other column names the output)."""
+    try:
+        return _key_identity(_column(ctx, column)) in ctx.keys
+    except (QueryRejected, PolicyViolation):
+        return False
+
+
+_NUMERIC_OUTPUT = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Pow, exp.Sqrt, exp.Ln,
+                   exp.Log, exp.Exp, exp.Floor, exp.Ceil, exp.Round)
+
+
+def _total_output(ctx: Context, node: exp.Expression, boolean: bool) -> exp.Expression:
+    """The output expression made total over released values: every CAST a TRY_CAST (a
+    released string key that does not convert gives NULL, not an error), a string key
+    compared with a number or a boolean, or used in arithmetic or as a condition, cast to
+    it with TRY_CAST, as the engine would cast it (SmartNoise's ``HAVING married = 1`` over
+    a string ``married``)."""
+    string_keys = {k.name for k in ctx.keys.values() if k.family == "string"}
+
+    def is_key(n: exp.Expression) -> bool:
+        return isinstance(n, exp.Column) and n.name in string_keys
+
+    def to(n: exp.Expression, kind: str) -> exp.Expression:
+        return exp.TryCast(this=n.copy(), to=exp.DataType.build(kind))
+
+    def numeric(n: exp.Expression) -> bool:
+        return (isinstance(n, exp.Literal) and not n.is_string) or isinstance(n, _NUMERIC_OUTPUT) or (
+            isinstance(n, exp.Column) and n.name.startswith("__a"))
+
+    def fix(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
+            return exp.TryCast(this=n.this, to=n.to)
+        if isinstance(n, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)):
+            a, b = n.this, n.expression
+            for x, y, side in ((a, b, "this"), (b, a, "expression")):
+                if is_key(x) and numeric(y):
+                    n.set(side, to(x, "DOUBLE"))
+                elif is_key(x) and isinstance(y, exp.Boolean):
+                    n.set(side, to(x, "BOOLEAN"))
+        if isinstance(n, _NUMERIC_OUTPUT):
+            for arg in ("this", "expression"):
+                if is_key(n.args.get(arg)):
+                    n.set(arg, to(n.args[arg], "DOUBLE"))
+        if isinstance(n, (exp.And, exp.Or, exp.Not)):
+            for arg in ("this", "expression"):
+                if is_key(n.args.get(arg)):
+                    n.set(arg, to(n.args[arg], "BOOLEAN"))
+        return n
+
+    out = node.transform(fix, copy=False)
+    if boolean and is_key(out):
+        out = to(out, "BOOLEAN")
+    return out
+
+
 def _find_original(node: exp.Expression, replaced: exp.Expression) -> exp.Expression | None:
     for n in node.walk():
         if type(n) is type(replaced):
@@ -119,7 +181,7 @@ def _find_original(node: exp.Expression, replaced: exp.Expression) -> exp.Expres
 
 
 def _is_value_release(ctx: Context, node: exp.Expression) -> bool:
-    if isinstance(node, (exp.Median, exp.PercentileCont, exp.WithinGroup)):
+    if isinstance(node, (exp.Median, exp.PercentileCont, exp.WithinGroup, exp.Min, exp.Max)):
         return True
     return isinstance(node, exp.Anonymous) and node.name.casefold() in ctx.udfs
 
@@ -138,6 +200,13 @@ def _add_value_release(ctx: Context, node: exp.Expression) -> str:
 
 
 def _value_call(ctx: Context, node: exp.Expression):  # type: ignore[no-untyped-def]
+    if isinstance(node, (exp.Min, exp.Max)):
+        # MIN and MAX as DP quantiles 0 and 1 over values clipped into the bounds (as
+        # BigQuery and Tumult answer them): an extreme of the data, never raw.
+        q = 0.0 if isinstance(node, exp.Min) else 1.0
+        if node.expressions:
+            raise reject(f"{node.key.upper()} takes one column.", ctx.sql, node)
+        return _bare_column(ctx, node.this, node), lambda b: QuantileSpec(q, _float_bounds(b))
     if isinstance(node, exp.Median):
         return _bare_column(ctx, node.this, node), lambda b: QuantileSpec(0.5, _float_bounds(b))
     if isinstance(node, exp.WithinGroup):
@@ -184,8 +253,8 @@ _AGG_NAMES = {"count", "sum", "avg", "mean", "median", "quantile", "quantile_con
 
 
 def _add_aggregate(ctx: Context, node: exp.Expression) -> str:
-    function, column = _aggregate_call(ctx, node)
-    resolved = _column(ctx, column) if column is not None else None
+    function, arg = _aggregate_call(ctx, node)
+    resolved = None if arg is None else _argument(ctx, arg, node, needs_bounds=function not in ("count",))
     key = f"{function}:{_key_identity(resolved) if resolved is not None else '*'}"
     if key in ctx.aggregates:
         return ctx.aggregates[key].name
@@ -216,17 +285,77 @@ def _add_aggregate(ctx: Context, node: exp.Expression) -> str:
     return agg.name
 
 
+@dataclass(frozen=True)
+class Computed(Resolved):
+    """An aggregate's argument that is an expression, not a bare column: ``ref`` is the
+    expression compiled total over canonical columns, ``policy`` a synthetic column policy
+    whose bounds came from ``origin`` (:mod:`dpsql.intervals`)."""
+
+    origin: str = "interval arithmetic"
+
+
+_ENGINE_TYPES = {"number": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMP"}
+
+
+def _argument(ctx: Context, arg: exp.Expression, node: exp.Expression, needs_bounds: bool) -> Resolved:
+    """The column an aggregate reads, or its expression with bounds (issue 14, item 6)."""
+    if isinstance(arg, exp.Column):
+        return _column(ctx, arg)
+    inner = arg.find(exp.AggFunc)
+    if inner is not None:
+        raise reject(
+            f"aggregates cannot be nested ({_source_text(node)}): aggregate each unit's rows in a subquery "
+            "first, e.g. SELECT SUM(s) FROM (SELECT unit, SUM(x) AS s FROM t GROUP BY unit) AS per_unit.",
+            ctx.sql, node)
+    compiled, family = predicates.check_key(ctx.sql, arg, lambda column: _column(ctx, column))
+    text = _source_text(arg)
+    if not needs_bounds:
+        return Computed(ColumnPolicy(f"expr:{text}", "filter"), _ENGINE_TYPES.get(family, "VARCHAR"), compiled,
+                        ctx.scope.primary, "")
+    if family not in ("number", "boolean"):
+        raise reject(f"{_source_text(node)} sums a {family}; aggregate numbers.", ctx.sql, node)
+    found = bounds(arg, lambda column: _column_bounds(ctx, column, node))
+    policy = ColumnPolicy(f"expr:{text}", "aggregate", bounds=(found.lo, found.hi))
+    return Computed(policy, "DOUBLE", exp.cast(compiled, exp.DataType.build("DOUBLE")), ctx.scope.primary, found.origin)
+
+
+def _column_bounds(ctx: Context, column: exp.Column, node: exp.Expression) -> tuple[float, float] | None:
+    """A column's interval inside an aggregated expression: its bounds, its public numeric
+    values, or 0..1 for a boolean; the privacy unit never."""
+    resolved = _column(ctx, column)
+    if resolved.is_unit:
+        raise PolicyViolation(
+            f"the privacy unit column {column.name!r} may not be summed or averaged.\n{point_at(ctx.sql, node)}"
+        )
+    if resolved.policy.can_aggregate and resolved.policy.bounds is not None:
+        return resolved.policy.bounds
+    values = resolved.policy.public_values
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return min(values), max(values)  # type: ignore[type-var]
+    if predicates.family(resolved.dtype) == "boolean":
+        return 0, 1
+    return None
+
+
 def _add_spec(ctx: Context, kind: str, column: Resolved | None, bounds: tuple[float, float] | None) -> str:
     key = (kind, _key_identity(column) if column is not None else None)
     if key not in ctx.specs:
         spec_bounds = bounds if kind in ("sum", "sum_centred", "sum_squares") else None
         name = column.policy.name if column is not None else None
         source = column.entry.canonical if column is not None else SOURCE_ALIAS
-        ctx.specs[key] = MeasurementSpec(f"__m{len(ctx.specs)}", kind, name, spec_bounds, source)  # type: ignore[arg-type]
+        if isinstance(column, Computed):
+            ctx.specs[key] = MeasurementSpec(
+                f"__m{len(ctx.specs)}", kind, (name or "")[len("expr:"):], spec_bounds, source,  # type: ignore[arg-type]
+                expression=column.ref, expression_type=column.dtype, bounds_from=column.origin or "policy",
+            )
+        else:
+            ctx.specs[key] = MeasurementSpec(f"__m{len(ctx.specs)}", kind, name, spec_bounds, source)  # type: ignore[arg-type]
     return ctx.specs[key].name
 
 
 def _check_aggregatable(ctx: Context, resolved: Resolved, node: exp.Expression) -> None:
+    if isinstance(resolved, Computed):
+        return  # its columns were checked, and its bounds found, by _argument
     column = resolved.ref
     if resolved.is_unit:
         raise PolicyViolation(
@@ -241,8 +370,8 @@ def _check_aggregatable(ctx: Context, resolved: Resolved, node: exp.Expression) 
         raise reject(f"column {column.name!r} is {resolved.dtype}, not numeric.", ctx.sql, node)
 
 
-def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Column | None]:
-    """(function, column) of a supported aggregate call, or raise."""
+def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Expression | None]:
+    """(function, argument) of a supported aggregate call, or raise."""
     if isinstance(node, exp.Count):
         arg = node.this
         if isinstance(arg, exp.Star):
@@ -252,35 +381,35 @@ def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Column
             if len(cols) == 1 and isinstance(cols[0], exp.Column) and _column(ctx, cols[0]).is_unit:
                 return "count_distinct", None
             unit = ctx.primary.privacy_unit
+            if ctx.scope.primary.link is not None:
+                unit = (f"held by {ctx.scope.primary.link[1]}, which {ctx.primary.name} reaches through its privacy_link: "
+                        f"join {ctx.scope.primary.link[1]} and count its unit")
             raise reject(
                 "COUNT(DISTINCT ...) is supported only on the privacy unit column"
                 + (f" ({unit})." if unit else "; this table has no privacy unit."),
                 ctx.sql,
                 node,
             )
-        return "count", _bare_column(ctx, arg, node)
+        return "count", arg
     if isinstance(node, (exp.Sum, exp.Avg, *_SPREAD)):
         if isinstance(node.this, exp.Distinct):
             raise reject(f"{node.key.upper()}(DISTINCT ...) is not supported.", ctx.sql, node)
         function = _SPREAD.get(type(node), node.key.lower())
-        return function, _bare_column(ctx, node.this, node)
+        return function, node.this
     name = node.name.upper() if isinstance(node, exp.Anonymous) else type(node).__name__.upper()
     raise reject(
-        f"aggregate {name} is not supported; use COUNT(*), COUNT(col), COUNT(DISTINCT unit), "
-        "SUM, AVG, VAR_POP, VAR_SAMP (VARIANCE), STDDEV_POP or STDDEV_SAMP (STDDEV).",
+        f"aggregate {name} is not supported; use COUNT, SUM, AVG, VAR_POP, VAR_SAMP (VARIANCE), "
+        "STDDEV_POP, STDDEV_SAMP (STDDEV), MIN, MAX, MEDIAN or QUANTILE_CONT.",
         ctx.sql,
         node,
     )
 
 
 def _bare_column(ctx: Context, arg: exp.Expression, node: exp.Expression) -> exp.Column:
-    if isinstance(node, exp.Count) and isinstance(arg, exp.Literal):  # COUNT(1): the user meant rows
-        raise reject(f"{quote(ctx.sql, node)}: write COUNT(*) to count rows, or COUNT(column) to count a "
-                     "column's non-NULL values.", ctx.sql, node)
     if not isinstance(arg, exp.Column):
         raise reject(
-            f"{quote(ctx.sql, node)}: aggregates take a bare column, not an expression: clipping bounds apply "
-            "to the column as stored (e.g. write SUM(income), not SUM(income * 2)).",
+            "aggregates take a bare column, not an expression: clipping bounds apply to the column "
+            "as stored (e.g. write SUM(income), not SUM(income * 2)).",
             ctx.sql,
             node,
         )
@@ -294,4 +423,5 @@ _OUTPUT_NODES: tuple[type[exp.Expression], ...] = (
     exp.Case, exp.If, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or,
     exp.Not, exp.Is, exp.Between, exp.In, exp.Cast, exp.TryCast, exp.DataType, exp.Lower,
     exp.Upper, exp.Concat, exp.DPipe, exp.Ordered, exp.Nullif, exp.DataTypeParam,
+    exp.Pi, exp.Rand, exp.Sign, exp.Var,
 )

@@ -57,10 +57,9 @@ import sqlglot.expressions as exp
 
 from dpsql import sqltypes
 from dpsql.analyze.parse import reject
-from dpsql.diagnose import quote
 from dpsql.errors import PolicyError
+from dpsql.intervals import ANALYST_CLAMP
 from dpsql.policy import ColumnPolicy
-from dpsql.policy.schema import public_values_problem
 from dpsql.sqltypes import Operand, SqlType
 
 __all__ = [
@@ -150,6 +149,18 @@ class _Checker:
             return sqltypes.NULL
         if families <= {"string", "literal"}:
             return sqltypes.VARCHAR
+        if families == {"string", "number"} or families == {"string", "number", "literal"}:
+            # as the engine would compare them, but total: the strings TRY_CAST to DOUBLE
+            # (NULL, so no match, where one is not a number)
+            return self.cast_strings(operands, sqltypes.DOUBLE)
+        if families == {"string", "boolean"}:
+            return self.cast_strings(operands, sqltypes.BOOLEAN)
+        if families == {"number", "literal"} and all(
+                _NUMBER.fullmatch((o.text or "").strip()) for o in typed if o.type.family == "literal"):
+            for i, o in enumerate(operands):  # '40' against a number: the number 40
+                if o.type.family == "literal":
+                    operands[i] = sqltypes.number_literal((o.text or "").strip())
+            return sqltypes.common_number([o for o in operands if o.type.family != "null"])
         if families == {"number"}:
             return sqltypes.common_number(typed)
         if families == {"boolean"}:
@@ -162,17 +173,24 @@ class _Checker:
                     self.check_temporal_literal(o.text or "", literal_type, n)
             return sqltypes.common_temporal(typed)
         shown = list(dict.fromkeys("string" if o.type.family == "literal" else o.type.family for o in typed))
-        family = {id(o): "string" if o.type.family == "literal" else o.type.family for o in typed}
-        first = next(quote(self.sql, n) for o, n in zip(operands, nodes) if family.get(id(o)) == shown[0])
-        last = next(quote(self.sql, n) for o, n in zip(operands, nodes) if family.get(id(o)) == shown[-1])
         raise reject(
-            f"cannot compare {_a(shown[0])} with {_a(shown[-1])} ({first} and {last}): the implicit cast "
-            "could fail on some rows. "
+            f"cannot compare {_a(shown[0])} with {_a(shown[-1])}: the implicit cast could fail on some rows. "
             "Compare numbers with numbers, strings with quoted strings, and dates with ISO date "
             "strings such as '2024-01-31'.",
             self.sql,
             node,
         )
+
+    def cast_strings(self, operands: list[Operand], target: SqlType) -> SqlType:
+        """Replace every string operand by ``TRY_CAST(it AS target)`` (in place)."""
+        for i, o in enumerate(operands):
+            if o.type.family == "string" and not o.is_literal:
+                operands[i] = Operand(target, exp.TryCast(this=o.expr.copy(), to=exp.DataType.build(target.name)))
+            elif o.type.family == "literal":
+                operands[i] = Operand(target, exp.TryCast(this=o.expr.copy(), to=exp.DataType.build(target.name)))
+        if target.family == "number":
+            return sqltypes.DOUBLE
+        return target
 
     def in_list(self, node: exp.In) -> exp.Expression:
         if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
@@ -237,6 +255,10 @@ class _Checker:
             return inner if inner.is_literal else Operand(inner.type, exp.Paren(this=inner.expr))
         if isinstance(node, (exp.Neg, exp.Abs)):
             return self.double(node.__class__(this=self.number(node.this)))
+        if isinstance(node, (exp.Add, exp.Sub)):
+            shifted = self.date_shift(node)
+            if shifted is not None:
+                return shifted
         if isinstance(node, _ARITHMETIC):
             return self.double(node.__class__(this=self.number(node.this), expression=self.number(node.expression)))
         if isinstance(node, (exp.Lower, exp.Upper, exp.Length)):
@@ -258,10 +280,19 @@ class _Checker:
             return Operand(sqltypes.BOOLEAN, self.condition(node))
         if isinstance(node, exp.TimestampTrunc):
             return self.date_trunc(node)
+        if isinstance(node, (exp.Cast, exp.TryCast)):
+            return self.try_cast(node)
+        part = _date_part_of(node)
+        if part is not None:
+            return self.date_part(part, node)
+        if isinstance(node, (exp.Least, exp.Greatest)) or (
+                isinstance(node, exp.Anonymous) and node.name.lower() in ("least", "greatest", ANALYST_CLAMP)):
+            return self.least_greatest(node)
         raise reject(
-            f"{quote(self.sql, node)} is not allowed in WHERE or GROUP BY: only columns, "
-            "literals, + - * /, ||, ABS, LOWER, UPPER, LENGTH, FLOOR, CEIL, CASE, date_trunc and "
-            "comparisons are (nothing that can fail on some rows).",
+            f"{type(node).__name__.upper()} is not allowed in WHERE or GROUP BY: only columns, "
+            "literals, + - * /, ||, ABS, LOWER, UPPER, LENGTH, FLOOR, CEIL, CASE, CAST, EXTRACT, "
+            "year() ... second(), LEAST, GREATEST, date_trunc and comparisons are (nothing that can "
+            "fail on some rows).",
             self.sql,
             node,
         )
@@ -323,6 +354,64 @@ class _Checker:
         total = call if inner.type.name == "TIMESTAMP_NS" else exp.Anonymous(this="TRY", expressions=[call])
         return Operand(sqltypes.TIMESTAMP, total)
 
+    def date_shift(self, node: exp.Expression) -> Operand | None:
+        """``date + n`` / ``date - n`` (n a whole-number literal: days): ``TRY(d + n)``, a
+        DATE, NULL past the end of DATE's range; ``None`` if not that shape."""
+        left = node.this
+        right = node.expression
+        if not (isinstance(right, exp.Literal) and not right.is_string and right.this.isdigit()):
+            return None
+        if isinstance(left, exp.Literal):
+            return None
+        inner = self.value(left)
+        if inner.type.family != "date":
+            return None
+        days = exp.Literal.number(int(right.this))
+        shifted = node.__class__(this=self.emit(inner), expression=days)
+        return Operand(sqltypes.DATE, exp.Anonymous(this="TRY", expressions=[shifted]))
+
+    def try_cast(self, node: exp.Cast) -> Operand:
+        """``CAST(x AS t)`` and ``x::t`` as ``TRY_CAST``: NULL where a value does not convert
+        (a string that is not a number, a number out of an integer's range), never an
+        error; to numbers, strings, booleans, dates and timestamps only."""
+        target = sqltypes.parse_type(node.to.sql(dialect="duckdb"))
+        if target.family not in ("number", "string", "boolean", "date", "timestamp"):
+            raise reject(f"CAST to {node.to.sql(dialect='duckdb')} is not supported; cast to a number, "
+                         "VARCHAR, BOOLEAN, DATE or TIMESTAMP.", self.sql, node)
+        inner = self.value(node.this)
+        if inner.is_literal and inner.type.family == "literal" and target.family in ("date", "timestamp"):
+            self.check_temporal_literal(inner.text or "", target, node)
+        source = self.emit(inner) if not inner.is_literal or inner.type.family != "literal" else inner.expr.copy()
+        if inner.type.family == "null":
+            return Operand(target, exp.Null())
+        if inner.type.family == "date" and target.family == "timestamp":
+            return Operand(target, sqltypes.cast(inner, target))  # DATE beyond TIMESTAMP: +-infinity
+        return Operand(target, exp.TryCast(this=source, to=exp.DataType.build(target.name, dialect="duckdb")))
+
+    def date_part(self, part: str, node: exp.Expression) -> Operand:
+        """EXTRACT(part FROM d), year(d) ... second(d): ``TRY(date_part(...))``, a BIGINT,
+        NULL where the engine could not compute it (an infinite date)."""
+        inner = self.value(_date_part_arg(node))
+        if inner.type.family not in ("date", "timestamp"):
+            raise reject(f"{part} takes a date or timestamp column.", self.sql, node)
+        call = exp.Anonymous(this="date_part", expressions=[exp.Literal.string(part), self.emit(inner)])
+        return Operand(sqltypes.BIGINT, exp.Anonymous(this="TRY", expressions=[call]))
+
+    def least_greatest(self, node: exp.Expression) -> Operand:
+        """LEAST / GREATEST of numbers, in DOUBLE (never raises), and the analyst's clamp
+        ``__dp_bounds(x, lo, hi)``: NULL stays NULL (DuckDB's LEAST skips NULLs)."""
+        args = [node.this, *node.expressions] if isinstance(node, (exp.Least, exp.Greatest)) else list(node.expressions)
+        values = [self.number(a) for a in args]
+        name = node.name.lower() if isinstance(node, exp.Anonymous) else node.key.lower()
+        if name == ANALYST_CLAMP:
+            if len(values) != 3:
+                raise reject("contribution bounds take (lower, upper).", self.sql, node)
+            x, lo, hi = values
+            clamp = exp.Anonymous(this="least", expressions=[exp.Anonymous(this="greatest", expressions=[x, lo]), hi])
+            return self.double(exp.Case(ifs=[exp.If(this=exp.Is(this=x.copy(), expression=exp.Null()), true=exp.Null())],
+                                        default=clamp))
+        return self.double(exp.Anonymous(this=name, expressions=values))
+
     def number(self, node: exp.Expression) -> exp.Expression:
         """A numeric operand of arithmetic, computed in DOUBLE so it can never raise."""
         value = self.value(node)
@@ -344,6 +433,39 @@ class _Checker:
         except ValueError:
             example = "'2024-01-31'" if fam == "date" else "'2024-01-31' or '2024-01-31 10:00:00'"
             raise reject(f"{text!r} is not an ISO {fam} (write e.g. {example}).", self.sql, node) from None
+
+
+_DATE_PARTS = {
+    exp.Year: "year", exp.Month: "month", exp.Day: "day", exp.DayOfWeek: "dayofweek", exp.DayOfYear: "dayofyear",
+    exp.Quarter: "quarter", exp.Hour: "hour", exp.Minute: "minute", exp.Second: "second", exp.Week: "week",
+}
+_PART_NAMES = {"year", "quarter", "month", "week", "day", "dayofweek", "dow", "isodow", "dayofyear", "doy", "hour",
+               "minute", "second", "epoch", "decade", "century", "isoyear", "yearweek"}
+
+
+def _date_part_of(node: exp.Expression) -> str | None:
+    """The part a date-part call extracts (EXTRACT, date_part, year() ...), else None."""
+    if isinstance(node, exp.Extract):
+        part = node.this.name.lower()
+        return part if part in _PART_NAMES else None
+    for kind, part in _DATE_PARTS.items():
+        if type(node) is kind:
+            return part
+    if isinstance(node, exp.Anonymous) and node.name.lower() in ("date_part", "datepart") and len(node.expressions) == 2:
+        first = node.expressions[0]
+        if isinstance(first, exp.Literal) and first.is_string and first.this.lower() in _PART_NAMES:
+            return first.this.lower()
+    if isinstance(node, exp.Anonymous) and node.name.lower() in _PART_NAMES and len(node.expressions) == 1:
+        return node.name.lower()
+    return None
+
+
+def _date_part_arg(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Extract):
+        return node.expression
+    if isinstance(node, exp.Anonymous):
+        return node.expressions[-1]
+    return node.this
 
 
 def check_where(sql: str, condition: exp.Expression, resolve: Resolver) -> exp.Expression:
@@ -448,9 +570,16 @@ def enumerate_key(
 
 
 def check_public_values(table: str, column: ColumnPolicy, dtype: str) -> tuple[object, ...]:
-    """The column's public values, checked against its type so a key never fails to cast
-    (the same check as ``dpsql policy check --db``)."""
-    problem = public_values_problem(column, dtype)
-    if problem:
-        raise PolicyError(f"table {table!r}, column {column.name!r}: {problem}.")
-    return tuple(column.public_values or ())
+    """The column's public values, checked against its type so a key never fails to cast."""
+    values = column.public_values or ()
+    fam = family(dtype)
+    expected = {"string": str, "number": (int, float), "boolean": bool}.get(fam)
+    ok = expected is not None and all(
+        isinstance(v, expected) and (fam == "boolean" or not isinstance(v, bool)) for v in values
+    )
+    if not ok:
+        raise PolicyError(
+            f"public_values of column {column.name!r} in table {table!r} do not match its type "
+            f"{dtype}; list values of that type (strings for VARCHAR, numbers for numeric columns)."
+        )
+    return tuple(values)

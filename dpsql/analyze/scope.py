@@ -42,6 +42,7 @@ limit or compute.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class Entry:
     types: Mapping[str, str]
     canonical: str
     renames: dict[str, str] | None = None  # visible name (casefolded) -> column, for inlined subqueries
+    query: exp.Select | None = None  # a derived table's query (dpsql.analyze.derived)
+    link: tuple[str, str, str] | None = None  # a linked table's privacy_link (column, table, column)
 
 
 @dataclass
@@ -226,19 +229,22 @@ def _add(
         entry, where = _table_entry(scope, node, canonical, schema), None
     if entry.name.casefold() in scope.entries:
         raise reject(f"{entry.name!r} appears twice in FROM; give each table its own alias.", scope.sql, node)
-    if not entry.table.public and any(e.table is entry.table for e in scope.entries.values()):
+    if not entry.table.public and entry.table.privacy_unit is None and any(e.table is entry.table for e in scope.entries.values()):
         raise reject(
-            f"table {entry.table.name!r} is joined to itself: a self-join multiplies a unit's rows; "
-            "write the query over one copy of the table.",
+            f"table {entry.table.name!r} is joined to itself and has no privacy unit: each row is its own "
+            "unit, so a self-join would mix units; write the query over one copy of the table.",
             scope.sql,
             node,
         )
+    # A private table joined to itself must be joined on its unit (_check_unit_join): every
+    # joined row is then one unit's, and bounding after the join caps it (issue 14).
     scope.entries[entry.name.casefold()] = entry
     if where is not None:
         pending.append(where)
     on = None if join is None else _join_condition(scope, join, entry)
     kind = "from" if join is None else ("left" if join.side.upper() == "LEFT" else "inner")
-    scope.sources.append(Source(alias=canonical, table=entry.table.name, join=kind, on=on))
+    types = tuple(sorted(entry.types.items())) if entry.query is not None else ()
+    scope.sources.append(Source(alias=canonical, table=entry.table.name, join=kind, on=on, query=entry.query, types=types))
     return entry
 
 
@@ -261,7 +267,67 @@ def _table_entry(scope: Scope, node: exp.Expression, canonical: str, schema: Map
             f"table {name!r} is not in the policy, so it may not be read.{suggestion} Tables you may "
             f"query: {allowed}.\n{point_at(sql, node)}"
         )
+    if table.privacy_link is not None:
+        return _linked_entry(scope, node.alias_or_name, table, canonical, schema)
     return Entry(node.alias_or_name, table, schema[name.casefold()], canonical)
+
+
+#: The column a linked table's rows carry their privacy unit in, once read through the link.
+LINKED_UNIT = "__unit"
+
+
+def _linked_entry(scope: Scope, name: str, table: TablePolicy, canonical: str,
+                  schema: Mapping[str, Mapping[str, str]]) -> Entry:
+    """A table with a ``privacy_link``, read joined to the table it references, so that each
+    row carries its unit (issue 14, item 4): ``SELECT l.*, p.unit AS __unit FROM t l JOIN
+    parent p ON l.column = p.referenced``, following links until a table with a unit. A row
+    whose key matches no parent row belongs to no unit and is dropped; one whose key
+    matches several (a key that is not unique) is one row per parent, each of that
+    parent's unit, never a row shared between units."""
+    query, unit_type = _link_query(scope, table, schema, depth=0)
+    linked = dataclasses.replace(table, privacy_unit=LINKED_UNIT, privacy_link=None)
+    types = {**schema[table.name.casefold()], LINKED_UNIT: unit_type}
+    return Entry(name, linked, types, canonical, query=query, link=table.privacy_link)
+
+
+def _link_query(scope: Scope, table: TablePolicy, schema: Mapping[str, Mapping[str, str]],
+                depth: int) -> tuple[exp.Select, str]:
+    assert table.privacy_link is not None
+    column, target_name, target_column = table.privacy_link
+    target = scope.policy.table(target_name)
+    if target is None or depth > 16:
+        raise reject(f"the privacy_link of table {table.name!r} cannot be followed; check the policy.", scope.sql)
+    child, parent = f"__l{depth}", f"__p{depth}"
+    if target.privacy_link is not None:
+        inner, unit_type = _link_query(scope, target, schema, depth + 1)
+        source: exp.Expression = inner.subquery(exp.to_identifier(parent, quoted=True))
+        unit = exp.column(LINKED_UNIT, table=parent, quoted=True)
+        parent_types = {**schema[target.name.casefold()], LINKED_UNIT: unit_type}
+    else:
+        source = exp.Table(this=exp.to_identifier(target.name, quoted=True),
+                           alias=exp.TableAlias(this=exp.to_identifier(parent, quoted=True)))
+        assert target.privacy_unit is not None
+        unit = exp.column(target.privacy_unit, table=parent, quoted=True)
+        parent_types = schema[target.name.casefold()]
+        unit_type = parent_types[target.privacy_unit.casefold()]
+    own_types = schema[table.name.casefold()]
+    left = _Key(own_types[column.casefold()], exp.column(column, table=child, quoted=True))
+    right = _Key(parent_types[target_column.casefold()], exp.column(target_column, table=parent, quoted=True))
+    on = join_equality(scope.sql, left, right, None)  # type: ignore[arg-type]
+    query = (exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(child, quoted=True)),
+                        exp.alias_(unit, LINKED_UNIT, quoted=True))
+             .from_(exp.Table(this=exp.to_identifier(table.name, quoted=True),
+                              alias=exp.TableAlias(this=exp.to_identifier(child, quoted=True))))
+             .join(source, on=on))
+    return query, unit_type
+
+
+@dataclass(frozen=True)
+class _Key:
+    """One side of a link's join, as :func:`join_equality` reads it."""
+
+    dtype: str
+    ref: exp.Column
 
 
 def _inline(
@@ -276,6 +342,10 @@ def _inline(
     sql = scope.sql
     if not isinstance(body, exp.Select):
         raise reject("a CTE or subquery in FROM must be one SELECT.", sql, node)
+    from dpsql.analyze import derived  # late: it builds entries of this module
+
+    if derived.aggregates(body):
+        return derived.per_unit_entry(scope, body, name, canonical, schema, node), None
     extra = [k for k, v in body.args.items() if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where")]
     inner_from = body.args.get("from_") or body.args.get("from")
     if extra or inner_from is None or not isinstance(inner_from.this, exp.Table):
@@ -333,8 +403,36 @@ def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expressio
         raise reject("a JOIN needs an ON condition (cross joins are not supported).", sql, join)
     pairs, equalities = _equalities(scope, on)
     if not entry.table.public:
-        _check_unit_join(scope, entry, pairs, join)
+        if _follows_a_link(scope, entry, pairs):
+            # rows joined through a privacy_link belong to one unit: say so, so that a key
+            # that is not unique can never pair one unit's rows with another's
+            equalities.append(_unit_equality(scope, entry))
+        else:
+            _check_unit_join(scope, entry, pairs, join)
     return exp.and_(*equalities)
+
+
+def _follows_a_link(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Resolved]]) -> bool:
+    """Whether the join equates a linked table's link column with the column it references
+    in the referenced table (either side new)."""
+    for a, b in pairs:
+        for x, y in ((a, b), (b, a)):
+            link = x.entry.link
+            if link is None or entry not in (x.entry, y.entry) or x.entry is y.entry:
+                continue
+            column, target, target_column = link
+            if (x.policy.name.casefold() == column.casefold()
+                    and y.entry.table.name.casefold() == target.casefold()
+                    and y.policy.name.casefold() == target_column.casefold()):
+                return True
+    return False
+
+
+def _unit_equality(scope: Scope, entry: Entry) -> exp.Expression:
+    primary = scope.primary
+    mine = resolve(scope, exp.column(entry.table.privacy_unit or "", table=entry.name))
+    theirs = resolve(scope, exp.column(primary.table.privacy_unit or "", table=primary.name))
+    return join_equality(scope.sql, mine, theirs, None)
 
 
 def _equalities(scope: Scope, on: exp.Expression) -> tuple[list[tuple[Resolved, Resolved]], list[exp.Expression]]:
@@ -366,10 +464,18 @@ def _check_unit_join(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Res
         ends = {a.entry.canonical, b.entry.canonical}
         if a.is_unit and b.is_unit and ends == {primary.canonical, entry.canonical}:
             return
+    units = [_unit_name(e) for e in (primary, entry)]
     raise reject(
         f"private tables {primary.table.name!r} and {entry.table.name!r} can be joined only on their "
-        f"privacy units ({primary.table.privacy_unit} = {entry.table.privacy_unit}); any other join "
-        "key could mix different people's rows.",
+        f"privacy units ({units[0]} = {units[1]}); any other join key could mix different people's rows.",
         scope.sql,
         join,
     )
+
+
+def _unit_name(entry: Entry) -> str:
+    """The unit column as the analyst can write it (a linked table's is its link column)."""
+    if entry.link is not None:
+        column, table, target = entry.link
+        return f"{column}, linked to {table}.{target}"
+    return str(entry.table.privacy_unit)

@@ -36,9 +36,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
-from dpsql import params
 from dpsql.errors import Error, QueryRejected
-from dpsql.params import bind_tree
 from dpsql.pgwire import messages as m
 
 __all__ = ["Hint", "Statement", "bind", "decode_binary", "hint_of", "split"]
@@ -48,7 +46,7 @@ _SESSION_WORDS = {"SET", "SHOW", "RESET", "BEGIN", "START", "COMMIT", "END", "RO
                   "SAVEPOINT", "RELEASE", "DISCARD", "DEALLOCATE", "EXPLAIN"}
 
 
-class BadParameter(params.BadParameter):
+class BadParameter(Error):
     """A bound parameter that is not a value of its declared type (SQLSTATE 22P02)."""
 
 
@@ -180,8 +178,7 @@ def parameter_count(sql: str) -> int:
 
 
 def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
-    """``sql`` with ``$1``... replaced by literal nodes built from ``values`` (the one binding
-    of :func:`dpsql.params.bind_tree`, with Postgres's typed text values)."""
+    """``sql`` with ``$1``... replaced by literal nodes built from ``values``."""
     if not values:
         return sql
     try:
@@ -189,14 +186,21 @@ def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
     except (ParseError, TokenError) as exc:
         raise SyntaxProblem(f"the statement does not parse: {str(exc).splitlines()[0]}") from None
 
-    def literal_for(index: int) -> exp.Expression:
-        return literal(values[index - 1], oids[index - 1] if index - 1 < len(oids) else 0, index)
+    def replace(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, (exp.Placeholder, exp.Parameter)):
+            index = _placeholder_index(node)
+            if index is None or not 1 <= index <= len(values):
+                raise BadParameter(f"the statement uses parameter ${index} but {len(values)} were bound.")
+            oid = oids[index - 1] if index - 1 < len(oids) else 0
+            return literal(values[index - 1], oid, index)
+        return node
 
-    try:
-        bound = bind_tree(tree, len(values), literal_for, all_used=False)
-    except params.BadParameter as exc:
-        raise exc if isinstance(exc, BadParameter) else BadParameter(str(exc)) from None
-    return bound.sql(dialect=DIALECT)
+    return tree.transform(replace).sql(dialect=DIALECT)
+
+
+def _placeholder_index(node: exp.Expression) -> int | None:
+    text = str(node.this.this if isinstance(node.this, exp.Expression) else node.this or node.name)
+    return int(text) if text.isdigit() else None
 
 
 def literal(value: str | None, oid: int, index: int) -> exp.Expression:

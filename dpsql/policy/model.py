@@ -123,6 +123,11 @@ class TablePolicy:
         source: Where the table's data lives when it is not a table of the database: a
             Parquet/CSV/JSON path, glob or folder, or ``"file.duckdb:table"``, relative
             to the policy file's folder (:mod:`dpsql.datasources`); ``None``: the database's.
+        privacy_link: ``(column, table, referenced column)``: the table's rows belong to
+            the privacy unit of the ``table`` row whose ``referenced column`` equals this
+            row's ``column`` (a foreign key, like the DuckDB privacy extension's
+            PRIVACY_LINK); the table then has no ``privacy_unit`` of its own, and its
+            caps apply to a unit's rows reached through the link.
     """
 
     name: str
@@ -135,11 +140,12 @@ class TablePolicy:
     model: str = "central"
     epsilon: float | None = None
     source: str | None = None
+    privacy_link: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         folded = {name.casefold(): column for name, column in self.columns.items()}
         object.__setattr__(self, "columns", MappingProxyType(folded))
-        if self.privacy_unit is None:
+        if self.privacy_unit is None and self.privacy_link is None:
             object.__setattr__(self, "max_groups_per_unit", 1)
             object.__setattr__(self, "max_rows_per_unit", 1)
 

@@ -59,7 +59,7 @@ _SERVER_KEYS = ("deadline_base_ms", "deadline_ms", "deadline_ms_per_million_rows
 _BUDGET_KEYS = ("analysts", "default")
 _BUDGET_VALUE_KEYS = ("delta", "epsilon")
 _TABLE_KEYS = ("columns", "declared_rows", "epsilon", "max_groups_per_unit", "max_rows_per_unit", "model", "source",
-               "privacy_unit", "public")
+               "privacy_link", "privacy_unit", "public")
 _MODELS = ("central", "local")
 _LOCAL_TABLE_KEYS = ("columns", "epsilon", "model")
 _LOCAL_COLUMN_KEYS = ("bounds", "categories")
@@ -261,6 +261,7 @@ def _parse_tables(where: _Where, raw: object) -> dict[str, TablePolicy]:
     for name, value in body.items():
         table = _parse_table(dataclasses.replace(where, table=name), name, value)
         _add_unique(where, tables, table, "tables")
+    _check_links(where, {t.name.casefold(): t for t in tables.values()})
     return tables
 
 
@@ -349,6 +350,8 @@ def _private_table(
 ) -> TablePolicy:
     """Build a private table, per privacy unit or (without ``privacy_unit``) per row."""
     unit = body.get("privacy_unit")
+    if "privacy_link" in body:
+        return _linked_table(where, name, body, columns)
     if unit is None:
         for key in _CAP_KEYS:
             if body.get(key, 1) != 1:
@@ -356,33 +359,59 @@ def _private_table(
                     f"without privacy_unit each row is its own privacy unit, so {key} is 1; "
                     f'set privacy_unit = "<column>" or remove {key}'
                 )
-        _check_filter_columns(where, columns)
         return TablePolicy(name, False, None, 1, 1, columns)
     if not isinstance(unit, str) or not unit:
         raise where.error(
             f'privacy_unit must be a column name such as "user_id", got {_show(unit)}'
         )
     _check_unit_column(where, unit, columns)
-    _check_filter_columns(where, columns)
     groups = _positive_int(where, body, "max_groups_per_unit")
     rows = _positive_int(where, body, "max_rows_per_unit")
     return TablePolicy(name, False, unit, groups, rows, columns)
 
 
-def _check_filter_columns(where: _Where, columns: Mapping[str, ColumnPolicy]) -> None:
-    """A filter-only column is never aggregated or grouped: bounds or public_values on it
-    would never be used (a query would refuse SUM of it as having no bounds), so the
-    policy says two things at once. (The unit column is checked before, with its own rule.)"""
-    for column in columns.values():
-        if column.access != "filter" or (column.bounds is None and column.public_values is None):
-            continue
-        what = "bounds" if column.bounds is not None else "public_values"
-        use = ('access = "aggregate" (the default with bounds) to let queries sum and average it'
-               if what == "bounds" else 'access = "group" (the default with public_values) to group by it')
-        raise dataclasses.replace(where, column=column.name).error(
-            f'access = "filter" (only in WHERE) and {what} contradict each other: a filter column is never '
-            f"{'aggregated' if what == 'bounds' else 'grouped'}. Remove {what}, or use {use}"
-        )
+def _linked_table(
+    where: _Where, name: str, body: Mapping[str, Any], columns: dict[str, ColumnPolicy]
+) -> TablePolicy:
+    """A table whose rows reach their privacy unit through a foreign key (issue 14):
+    ``privacy_link = { column = "order_id", references = "orders.id" }``."""
+    example = 'privacy_link = { column = "order_id", references = "orders.id" }'
+    if "privacy_unit" in body:
+        raise where.error("a table has either privacy_unit (its own unit column) or privacy_link (its rows "
+                          "belong to another table's unit), not both; remove one")
+    link = body["privacy_link"]
+    if not isinstance(link, dict) or set(link) != {"column", "references"}:
+        raise where.error(f"privacy_link must be an inline table such as {example}")
+    column, references = link["column"], link["references"]
+    if not isinstance(column, str) or not column or not isinstance(references, str) or references.count(".") != 1:
+        raise where.error(f"privacy_link needs a column name and references = \"table.column\", as in {example}")
+    table, target = references.split(".")
+    if not table or not target:
+        raise where.error(f"privacy_link needs references = \"table.column\", as in {example}")
+    groups = _positive_int(where, body, "max_groups_per_unit")
+    rows = _positive_int(where, body, "max_rows_per_unit")
+    return TablePolicy(name, False, None, groups, rows, columns, privacy_link=(column, table, target))
+
+
+def _check_links(where: _Where, tables: Mapping[str, TablePolicy]) -> None:
+    """Every privacy_link names a private table with a unit (directly or through its own
+    link), and no chain of links comes back to where it started."""
+    for table in tables.values():
+        seen = [table.name]
+        current = table
+        while current.privacy_link is not None:
+            target = tables.get(current.privacy_link[1].casefold())
+            here = dataclasses.replace(where, table=current.name)
+            if target is None or target.public or (target.privacy_unit is None and target.privacy_link is None):
+                raise here.error(
+                    f"privacy_link references {current.privacy_link[1]!r}, which is not a private table of the "
+                    "policy with a privacy_unit (or its own privacy_link); link to the table that holds the unit"
+                )
+            if target.name in seen:
+                raise here.error(f"privacy_link makes a cycle ({' -> '.join([*seen, target.name])}); "
+                                 "a chain of links must end at a table with a privacy_unit")
+            seen.append(target.name)
+            current = target
 
 
 def _check_unit_column(where: _Where, unit: str, columns: Mapping[str, ColumnPolicy]) -> None:

@@ -43,7 +43,7 @@ from dpsql.noise import RandomSource
 from dpsql.plan import Aggregate, Measurement, QueryPlan, ValueRelease
 from dpsql.release.spread import spread_half_widths, stddev_half_width
 from dpsql.release.udf import UDFRelease
-from dpsql.release.values import release_values
+from dpsql.release.values import key_tuples, release_values
 
 __all__ = ["complete_groups", "noisy_schema", "noisy_table", "select_partitions"]
 
@@ -145,7 +145,7 @@ def _value_release(
     plan: QueryPlan, release: ValueRelease, exact: pa.Table, rows: pa.Table | None, source: RandomSource | None
 ) -> list[UDFRelease]:
     keys = [k.name for k in plan.group_keys]
-    groups = list(zip(*(exact[k].to_pylist() for k in keys))) if keys else [()]
+    groups = key_tuples(exact, keys) if keys else [()]
     if rows is None:
         rows = pa.table({**{k: pa.array([], exact.schema.field(k).type) for k in keys},
                          "__id": pa.array([], pa.uint64()), "__v": pa.array([], pa.float64())})

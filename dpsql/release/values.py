@@ -35,7 +35,21 @@ from dpsql.release.udf import (
     smooth_udf,
 )
 
-__all__ = ["release_values"]
+__all__ = ["key_tuples", "release_values"]
+
+
+def key_tuples(table: pa.Table, keys: Sequence[str]) -> list[tuple[object, ...]]:
+    """The key columns' values as tuples, to match groups by. Dates and timestamps are read
+    as their integer encodings: a key beyond Python's datetime range (a timestamp in year
+    294,000, from the extreme values a column's type allows) must not make a charged query
+    fail."""
+    columns = []
+    for k in keys:
+        column = table[k]
+        if pa.types.is_temporal(column.type):
+            column = column.cast(pa.int64() if not pa.types.is_date32(column.type) else pa.int32())
+        columns.append(column.to_pylist())
+    return list(zip(*columns))
 
 
 def release_values(
@@ -50,7 +64,7 @@ def release_values(
     if rows.num_rows:
         if keys:
             grouped = rows.group_by(list(keys)).aggregate([("__v", "list"), ("__id", "list")])
-            key_values = list(zip(*(grouped[k].to_pylist() for k in keys)))
+            key_values = key_tuples(grouped, keys)
             for key, v, ids in zip(key_values, grouped["__v_list"].to_pylist(), grouped["__id_list"].to_pylist()):
                 by_group[key] = (np.asarray(v, dtype=np.float64), np.asarray(ids, dtype=np.uint64))
         else:

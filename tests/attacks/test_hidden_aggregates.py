@@ -116,7 +116,6 @@ REFUSED = [
     "WITH s AS (SELECT g, SUM(x) AS total FROM t GROUP BY g) SELECT COUNT(*) FROM s WHERE total > 50",
     "SELECT g, COUNT(*) OVER (PARTITION BY g) FROM t",
     "SELECT g, COUNT(*) FROM t GROUP BY g QUALIFY ROW_NUMBER() OVER (ORDER BY COUNT(*)) = 1",
-    "SELECT COUNT(*) FILTER (WHERE x > 5) FROM t",
     "SELECT COUNT(*) FROM t WHERE x > (SELECT AVG(x) FROM t)",
     "SELECT COUNT(*) FROM t WHERE COUNT(*) > 1",
     "SELECT COUNT(*) FROM t GROUP BY COUNT(*)",
@@ -128,7 +127,7 @@ REFUSED = [
     "SELECT g, SUM(COUNT(*)) OVER () FROM t GROUP BY g",
     "SELECT g, LIST(x) FROM t GROUP BY g",
     "SELECT g, STRING_AGG(city, ',') FROM t GROUP BY g",
-    "SELECT g, MAX(x) FROM t GROUP BY g",
+    # (FILTER and MAX are answered with noise since issue 14: tests/attacks/test_peer_shapes.py)
     "SELECT g, ARG_MAX(city, x) FROM t GROUP BY g",
     "SELECT g, HISTOGRAM(x) FROM t GROUP BY g",
     "SELECT g, MODE(x) FROM t GROUP BY g",

@@ -116,10 +116,12 @@ INJECTIONS = [
     "SELECT COUNT(*) FROM generate_series(1, 10)",
     "SELECT COUNT(*) FROM (VALUES (1), (2)) v(x)",
     "SELECT COUNT(*) FROM secrets",
-    "SELECT COUNT(*) FROM dpsql_data.main.visits",
-    "SELECT COUNT(*) FROM dpsql_data.visits",
-    "SELECT COUNT(*) FROM main.visits",
-    "SELECT COUNT(*) FROM memory.main.visits",
+    # issue 14: a schema or database prefix is dropped and the name must still be a policy
+    # table (main.visits reads the policy's visits, nothing else); these name no such table
+    "SELECT COUNT(*) FROM dpsql_data.main.secrets",
+    "SELECT COUNT(*) FROM dpsql_data.secrets",
+    "SELECT COUNT(*) FROM system.main.duckdb_tables",
+    "SELECT COUNT(*) FROM temp.main.secrets",
     "SELECT COUNT(*) FROM visits, secrets",
     "SELECT COUNT(*) FROM visits v JOIN secrets s ON v.zip = s.s",
     "SELECT COUNT(*) FROM visits v JOIN read_csv('/etc/passwd') p ON v.zip = p.column0",

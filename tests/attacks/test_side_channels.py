@@ -180,8 +180,8 @@ def test_a_bad_date_literal_is_refused_before_any_data(dbs) -> None:
 #: refused by the allow-list before anything is read, so they can never be timed.
 REFUSED_FUNCTIONS = [
     "regexp_matches(zip, '(a+)+$')", "regexp_full_match(zip, '(a|aa)*b')", "zip SIMILAR TO '(a*)*b'",
-    "zip GLOB '*9*'", "zip ~ '9'", "repeat(zip, 1000000) = 'x'", "CAST(city AS INTEGER) = 1",
-    "TRY_CAST(city AS INTEGER) = 1", "city::INTEGER = 1", "error('boom') IS NULL", "sleep(1) IS NULL",
+    "zip GLOB '*9*'", "zip ~ '9'", "repeat(zip, 1000000) = 'x'",
+    "error('boom') IS NULL", "sleep(1) IS NULL",
     "pg_sleep(1) IS NULL", "random() < 0.5", "hash(zip) = 1", "md5(zip) = 'x'", "levenshtein(zip, 'a') > 1",
     "strftime(d, '%Y') = '2024'", "substr(zip, 1, 1) = '9'", "strpos(zip, '9') > 0", "age // 0 = 1",
     "age % 0 = 1", "age ^ 1000 > 1", "power(age, 1000) > 1", "exp(age) > 1", "ln(age) > 0",
@@ -190,8 +190,10 @@ REFUSED_FUNCTIONS = [
     "zip IN (SELECT zip FROM t)", "EXISTS (SELECT 1 FROM t WHERE zip = '99999')",
     "zip = (SELECT MAX(zip) FROM t)", "date_diff('day', d, DATE '2024-01-01') > 0",
     "zip COLLATE nocase = 'x'", "zip LIKE 'a!' ESCAPE '!'",
-    "zip LIKE city", "coalesce(age, 0) > 1", "greatest(age, big) > 1", "nullif(age, 0) > 1",
-    "round(income, 2) > 1", "age::DOUBLE > 1",
+    "zip LIKE city", "coalesce(age, 0) > 1", "nullif(age, 0) > 1",
+    "round(income, 2) > 1",
+    # issue 14 made CAST / :: (as TRY_CAST) and GREATEST / LEAST part of the total grammar:
+    # tests/test_totality.py runs them over every extreme value; they are no longer here
 ]
 
 
@@ -223,7 +225,8 @@ def test_errors_after_the_noise_are_charged(dbs) -> None:  # type: ignore[no-unt
     for conn in dbs:
         before = conn.budget().queries
         with pytest.raises(dpsql.QueryRejected, match="cannot be evaluated"):
-            conn.execute("SELECT CAST(COUNT(*) AS TINYINT) AS n FROM t", epsilon=1e5)
+            # (a CAST of the output is a TRY_CAST since issue 14: an integer overflow still fails)
+            conn.execute("SELECT COUNT(*) * 4611686018427387904 AS n FROM t", epsilon=1e5)
         assert conn.budget().queries == before + 1
 
 

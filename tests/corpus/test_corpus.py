@@ -138,12 +138,6 @@ def test_nothing_unanswerable_is_answered(outcomes: tuple[list[Outcome], list[Ou
     assert not leaks, "answered, but not answerable privately:\n" + "\n".join(o.case.sql for o in leaks)
 
 
-# Until issue 14 lands (tracked there): schema-prefixed queries are refused for their prefix
-# first, and some answerable ones with a privacy reason they do not have (items 5 and 10).
-_IN_PROGRESS = pytest.mark.xfail(reason="issue 14 in progress: the categories are not all answered yet", strict=False)
-
-
-@_IN_PROGRESS
 def test_refusals_say_why(outcomes: tuple[list[Outcome], list[Outcome]]) -> None:
     wrong = [o for o in outcomes[0] + outcomes[1] if not o.case.ok and not re.search(o.case.why, str(o.error), re.IGNORECASE)]
     assert not wrong, "refused with a message that does not say why:\n" + "\n".join(
@@ -151,7 +145,6 @@ def test_refusals_say_why(outcomes: tuple[list[Outcome], list[Outcome]]) -> None
     )
 
 
-@_IN_PROGRESS
 def test_no_refusal_with_a_wrong_reason(outcomes: tuple[list[Outcome], list[Outcome]]) -> None:
     misleading = [o for o in outcomes[0] + outcomes[1]
                   if o.case.ok and o.error is not None and WRONG_REASONS.search(str(o.error))]
@@ -160,7 +153,6 @@ def test_no_refusal_with_a_wrong_reason(outcomes: tuple[list[Outcome], list[Outc
     )
 
 
-@_IN_PROGRESS
 def test_acceptance(outcomes: tuple[list[Outcome], list[Outcome]]) -> None:
     written, stripped = outcomes
     assert acceptance(written) >= TARGET, report(written, stripped)
