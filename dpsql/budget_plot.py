@@ -171,7 +171,12 @@ def _draw_over_time(axes: Any, spendings: Sequence[Spending], colours: Sequence[
     if not drawn:
         axes.text(0.5, 0.5, "nothing spent yet", transform=axes.transAxes, ha="center", va="center")
     else:
-        locator = mdates.AutoDateLocator(maxticks=6)
+        first = min(t for s in spendings for t in s.times)
+        last = max(t for s in spendings for t in s.times)
+        if last - first < 3600:  # a burst of queries: show the hour around it
+            middle = datetime.datetime.fromtimestamp((first + last) / 2)
+            axes.set_xlim(middle - datetime.timedelta(minutes=30), middle + datetime.timedelta(minutes=30))
+        locator = mdates.AutoDateLocator(minticks=3, maxticks=7)
         axes.xaxis.set_major_locator(locator)
         axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
         axes.legend(fontsize=8, loc="upper left")
@@ -192,6 +197,8 @@ def _draw_tradeoff(axes: Any, spent: Spending, charges: Sequence[Any]) -> None:
     axes.plot(alpha, budget_power, color="tab:red", lw=2, ls="--", label=f"budget: ε={eps:g}, δ={delta:g}")
     if charges:
         beta, how = spent_tradeoff(charges, alpha)
+        if how.startswith("spent: composed PLD"):
+            how = f"spent: composed PLD of {_plural(len(charges), 'charge')}"
         power = np.clip(1 - beta, low / 10, 1)
         axes.fill_between(alpha, alpha, power, color="tab:blue", alpha=0.15)
         axes.plot(alpha, power, color="tab:blue", lw=2,

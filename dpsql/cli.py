@@ -23,16 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import dpsql
-from dpsql.privacy import BudgetStatus, Ledger
-from dpsql.audit.command import add_arguments as add_audit_arguments
-from dpsql.audit.command import run_audit
-from dpsql.connection import Connection, Explanation
-from dpsql.demo import make_demo_database
-from dpsql.engine import DuckDBEngine
-from dpsql.errors import Error, PolicyError
-from dpsql.policy import ColumnPolicy, Policy, TablePolicy, check_against_schema, load_policy
-from dpsql.result import PrivacyReport, Result
+from typing import TYPE_CHECKING
+
+from dpsql.errors import Error, InternalError, PolicyError
+from dpsql.version import __version__
+
+if TYPE_CHECKING:  # the rest loads when a command runs: `dpsql --help` starts in a blink
+    from dpsql.connection import Connection, Explanation
+    from dpsql.policy import ColumnPolicy, Policy, TablePolicy
+    from dpsql.privacy import BudgetStatus, Ledger
+    from dpsql.result import PrivacyReport, Result
 
 __all__ = ["DEMO_POLICY", "default_demo_dir", "main"]
 
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpsql", description="Differentially private SQL over DuckDB."
     )
-    parser.add_argument("--version", action="version", version=f"dpsql {dpsql.__version__}")
+    parser.add_argument("--version", action="version", version=f"dpsql {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     demo = commands.add_parser("demo", help="run example queries on a synthetic database")
@@ -100,10 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     budget = commands.add_parser("budget", help="show an analyst's spent and remaining budget")
     budget.add_argument("--policy", required=True, help="the policy file (gives the analyst's total)")
     budget.add_argument("--ledger", required=True, help="the budget ledger (SQLite file)")
-    budget.add_argument("--analyst", required=True, help="whose budget to show")
+    budget.add_argument("--analyst", help="whose budget to show (default: every analyst, the owner's view)")
     budget.add_argument(
-        "--plot", metavar="FILE.png", help="draw the trade-off curve of what was spent against the budget's "
-        "(needs matplotlib: pip install 'dpsql[plot]')"
+        "--plot", metavar="FILE.png", help="draw the budget: spent against total, spending over time and, for "
+        "one analyst, the trade-off curve (needs matplotlib: pip install 'dpsql[plot]')"
     )
     budget.set_defaults(command=run_budget)
 
@@ -140,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.set_defaults(command=run)
 
     audit = commands.add_parser("audit", help="measure a lower bound on the epsilon queries really spend")
-    add_audit_arguments(audit)
+    _add_audit_arguments(audit)
     audit.set_defaults(command=_run_audit)
 
     serve = commands.add_parser("serve", help="run the Arrow Flight proxy for remote analysts")
@@ -172,8 +172,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``dpsql audit`` (run by :mod:`dpsql.audit.command`)."""
+    parser.add_argument("--db", help="the database D (default: the demo database)")
+    parser.add_argument("--policy", help="the policy (default: policies/demo.toml with the demo database)")
+    parser.add_argument("--query", action="append", metavar="SQL",
+                        help="a query to audit (repeatable; default: every demo shape, on the demo data only)")
+    parser.add_argument("--epsilon", type=float, help="epsilon of each run (default 1 for the demo shapes, "
+                        "else the policy's default)")
+    parser.add_argument("--delta", type=float, help="delta of each run (default: the shape's, or 0)")
+    parser.add_argument("--runs", type=int, default=500, help="runs on each database (default 500)")
+    parser.add_argument("--neighbour", help="the neighbouring database D' (default: D plus a generated "
+                        "worst-case unit)")
+    parser.add_argument("--unit-rows", type=int, default=1000, help="rows of the generated unit (default 1000)")
+    parser.add_argument("--unit-groups", type=int, default=20, help="groups of the generated unit (default 20)")
+    parser.add_argument("--confidence", type=float, default=0.95, help="of each lower bound (default 0.95)")
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of the demo database (default 100000)")
+    parser.add_argument("--histogram", metavar="FILE.png",
+                        help="draw each audit's answers on D and D' (needs matplotlib); with several "
+                        "queries, FILE-1.png, FILE-2.png, ...")
+
+
 def _run_audit(args: argparse.Namespace) -> int:
     """``dpsql audit``: see :mod:`dpsql.audit.command`."""
+    from dpsql.audit.command import run_audit  # noqa: PLC0415 - scipy loads slowly
+
     directory = default_demo_dir()
     return run_audit(args, lambda rows: _demo_database(directory, rows, max(1, rows // 10)), _demo_policy)
 
@@ -209,12 +232,15 @@ def _positive_int(text: str) -> int:
 
 def run_query(args: argparse.Namespace) -> int:
     """``dpsql query``: print the noisy table, what it cost, and the budget left."""
-    if args.ledger is None:
+    import dpsql  # noqa: PLC0415 - loads DuckDB and Arrow
+
+    if args.ledger is None and not args.explain:  # explain charges nothing: nothing to record
         print(
             "warning: no --ledger: this charge is not recorded, so the analyst's budget "
             "does not carry over to the next command. Pass --ledger FILE to keep it.",
             file=sys.stderr,
         )
+    _check_database_file(args.db)
     from dpsql.datasources import cli_database  # noqa: PLC0415 - loads pyspark only for --engine spark
 
     with dpsql.connect(cli_database(args), policy=args.policy, analyst=args.analyst, ledger=args.ledger) as conn:
@@ -241,56 +267,95 @@ def _format_privacy(report: PrivacyReport, analyst: str) -> str:
 
 
 def _format_explanation(explanation: Explanation) -> str:
+    """What ``explain`` shows (the same text as ``repr`` of an explanation, embedded or
+    remote), then the bounded SQL."""
     lines = [
-        f"would charge epsilon={explanation.epsilon:g}, delta={explanation.delta:g} "
-        f"({explanation.plan.mechanism} noise); nothing read, nothing charged",
-        "expected accuracy (95% half-width of the noise):",
-        *(f"  {sql}: ±{half_width:.4g}" for sql, half_width in explanation.accuracy.items()),
+        explanation.describe(),
         "bounded SQL:",
         *(f"  {line}" for line in explanation.bounded_sql.splitlines()),
     ]
     return "\n".join(lines)
 
 
+def _check_database_file(path: str) -> None:
+    """A clear error for a database path that is not a file (DuckDB would create one)."""
+    if not os.path.isfile(path):
+        where = "is a directory" if os.path.isdir(path) else "does not exist"
+        raise Error(f"database file {path!r} {where}; pass the path of an existing DuckDB file "
+                    "(dpsql demo builds one).")
+
+
 def _format_budget_line(status: BudgetStatus) -> str:
     return (
         f"budget left for {status.analyst}: epsilon {status.epsilon_remaining:g} of "
         f"{status.epsilon_total:g}, delta {status.delta_remaining:g} of {status.delta_total:g} "
-        f"({status.queries} {'query' if status.queries == 1 else 'queries'} charged)"
+        f"({_plural(status.queries, 'query', 'queries')} charged)"
     )
+
+
+def _plural(count: int, word: str, plural: str | None = None) -> str:
+    """``1 query``, ``2 queries``, ``0 tables``.
+
+    >>> _plural(1, "analyst"), _plural(2, "query", "queries")
+    ('1 analyst', '2 queries')
+    """
+    return f"{count:,} {word if count == 1 else plural or word + 's'}"
 
 
 # ---------------------------------------------------------------- dpsql budget
 
 
 def run_budget(args: argparse.Namespace) -> int:
-    """``dpsql budget``: what an analyst has spent and has left, from the ledger.
+    """``dpsql budget``: what an analyst (or, without ``--analyst``, every analyst) has spent
+    and has left, from the ledger; reads no data.
 
     Spending is composed by the policy's accountant. With ``--plot FILE.png``, also draws
-    the trade-off curve of what was spent against the budget's (see :mod:`dpsql.privacy.pld`).
+    the budget's pictures (:mod:`dpsql.budget_plot`).
     """
+    from dpsql.policy import load_policy  # noqa: PLC0415
+    from dpsql.privacy import Ledger  # noqa: PLC0415, F811 - loads the accountants
+
     policy = load_policy(args.policy)
-    budget = policy.budget_for(args.analyst)
     exists = os.path.exists(args.ledger)
+    where = args.ledger if exists else f"{args.ledger} (no such file yet: nothing spent)"
     # A missing ledger means nothing was spent; read it as empty rather than create it.
     with Ledger(args.ledger if exists else None, accountant=policy.accountant) as ledger:
-        status = ledger.status(args.analyst, budget)
-        charges = [event.to_charge() for event in ledger.events(args.analyst)] if args.plot else []
-    where = args.ledger if exists else f"{args.ledger} (no such file yet: nothing spent)"
-    print(f"analyst {status.analyst}, ledger {where}")
-    s = status
-    print(f"  epsilon: {s.epsilon_spent:g} spent, {s.epsilon_remaining:g} remaining of {s.epsilon_total:g}")
-    print(f"  delta:   {s.delta_spent:g} spent, {s.delta_remaining:g} remaining of {s.delta_total:g}")
-    print(f"  queries: {status.queries}")
-    print(f"  accountant: {status.accountant}" + (" (epsilon at the budget's delta)" if s.accountant != "basic" else ""))
-    if status.mu is not None:
-        group = status.group_privacy(2)
-        print(f"  Gaussian-DP: mu={status.mu:.4g} (every measurement was Gaussian); a group of 2 units: mu={group.mu:.4g}")
-    if args.plot:
-        from dpsql.privacy.tradeoff import plot_tradeoff  # noqa: PLC0415 - dp-accounting and matplotlib load slowly
+        if args.analyst is None:
+            return _budget_of_everyone(args, policy, ledger, where)
+        status = ledger.status(args.analyst, policy.budget_for(args.analyst))
+        print(f"analyst {status.analyst}, ledger {where}")
+        s = status
+        print(f"  epsilon: {s.epsilon_spent:g} spent, {s.epsilon_remaining:g} remaining of {s.epsilon_total:g}")
+        print(f"  delta:   {s.delta_spent:g} spent, {s.delta_remaining:g} remaining of {s.delta_total:g}")
+        print(f"  queries: {status.queries}")
+        print(f"  accountant: {status.accountant}"
+              + (" (epsilon at the budget's delta)" if s.accountant != "basic" else ""))
+        if status.mu is not None:
+            group = status.group_privacy(2)
+            print(f"  Gaussian-DP: mu={status.mu:.4g} (every measurement was Gaussian); "
+                  f"a group of 2 units: mu={group.mu:.4g}")
+        if args.plot:
+            from dpsql.budget_plot import plot_analyst, spending  # noqa: PLC0415 - matplotlib loads slowly
 
-        plot_tradeoff(args.plot, status, charges)
-        print(f"  trade-off curve: {args.plot}")
+            charges = [event.to_charge() for event in ledger.events(args.analyst)]
+            plot_analyst(args.plot, spending(ledger, policy, args.analyst), charges)
+            print(f"  picture: {args.plot}")
+    return 0
+
+
+def _budget_of_everyone(args: argparse.Namespace, policy: Policy, ledger: Ledger, where: str) -> int:
+    """The data owner's view: every analyst of the policy and the ledger."""
+    names = sorted({*policy.analysts, *ledger.analysts()})
+    print(f"ledger {where}: {_plural(len(names), 'analyst')} (accountant {policy.accountant})")
+    for name in names:
+        status = ledger.status(name, policy.budget_for(name))
+        print(f"  {name}: epsilon {status.epsilon_spent:g} of {status.epsilon_total:g} spent, delta "
+              f"{status.delta_spent:g} of {status.delta_total:g} ({_plural(status.queries, 'query', 'queries')})")
+    if args.plot:
+        from dpsql.budget_plot import plot_owner, spending  # noqa: PLC0415 - matplotlib loads slowly
+
+        plot_owner(args.plot, [spending(ledger, policy, name) for name in names])
+        print(f"  picture: {args.plot}")
     return 0
 
 
@@ -299,6 +364,8 @@ def run_budget(args: argparse.Namespace) -> int:
 
 def run_policy_check(args: argparse.Namespace) -> int:
     """``dpsql policy check``: load the policy (and match it to ``--db``), then summarise it."""
+    from dpsql.policy import check_against_schema, load_policy  # noqa: PLC0415
+
     policy = load_policy(args.policy)
     against, bounding = "", []
     if args.db is None and args.sources:  # the policy's `source =` tables alone (dpsql.datasources)
@@ -311,6 +378,9 @@ def run_policy_check(args: argparse.Namespace) -> int:
             engine.close()
         against = "; matches its sources"
     if args.db is not None:
+        from dpsql.engine import DuckDBEngine  # noqa: PLC0415 - loads DuckDB
+
+        _check_database_file(args.db)
         from dpsql.datasources import open_engine  # noqa: PLC0415 - the file, and any sources
 
         engine = open_engine(args.db, policy)
@@ -323,7 +393,7 @@ def run_policy_check(args: argparse.Namespace) -> int:
             engine.close()
         against = f"; matches database {args.db}"
     columns = sum(len(table.columns) for table in policy.tables.values())
-    print(f"OK: {policy.source}: {len(policy.tables)} tables, {columns} columns{against}")
+    print(f"OK: {policy.source}: {_plural(len(policy.tables), 'table')}, {_plural(columns, 'column')}{against}")
     print("\n".join(_describe_policy(policy)))
     print("\n".join(bounding))
     return 0
@@ -359,7 +429,7 @@ def _describe_table(table: TablePolicy) -> str:
         return "private, each row is its own privacy unit"
     return (
         f"private, privacy unit {table.privacy_unit}; each unit counts in at most "
-        f"{table.max_groups_per_unit} groups, {table.max_rows_per_unit} rows per group"
+        f"{_plural(table.max_groups_per_unit, 'group')}, {_plural(table.max_rows_per_unit, 'row')} per group"
     )
 
 
@@ -502,6 +572,8 @@ def default_demo_dir() -> Path:
 
 def run_demo(args: argparse.Namespace) -> int:
     """``dpsql demo``: build the synthetic database if needed, then query it as alice."""
+    import dpsql  # noqa: PLC0415 - loads DuckDB and Arrow
+
     start = time.perf_counter()
     policy = _demo_policy()
     database = _demo_database(args.dir or default_demo_dir(), args.rows, args.units)
@@ -525,6 +597,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _demo_policy() -> Policy:
+    from dpsql.policy import load_policy  # noqa: PLC0415
+
     if not DEMO_POLICY.is_file():
         raise PolicyError(
             f"the demo policy {DEMO_POLICY} is missing. `dpsql demo` reads policies/demo.toml "
@@ -539,6 +613,8 @@ def _demo_database(directory: Path, rows: int, units: int) -> Path:
     if path.exists():
         print(f"database: {path} (cached; delete it to rebuild)")
         return path
+    from dpsql.demo import make_demo_database  # noqa: PLC0415 - loads numpy, DuckDB and Arrow
+
     directory.mkdir(parents=True, exist_ok=True)
     print(f"building the demo database: {rows:,} rows, {units:,} users ...", flush=True)
     start = time.perf_counter()
@@ -570,7 +646,7 @@ def _run_refused_demo_query(conn: Connection, number: int) -> None:
     except Error as exc:
         print(f"error: {exc}")
     else:  # pragma: no cover - the demo policy denies ssn
-        raise dpsql.InternalError("the demo policy answered a query on ssn; this is a bug in dpsql")
+        raise InternalError("the demo policy answered a query on ssn; this is a bug in dpsql")
     print(f"nothing was charged. {_format_budget_line(conn.budget())}")
 
 

@@ -75,10 +75,15 @@ class RemoteExplanation:
     columns: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     composition: Mapping[str, Any] | None = None
 
+    def describe(self) -> str:
+        """The same text as the embedded :meth:`dpsql.explain.Explanation.describe`."""
+        from dpsql.display import explanation_text  # noqa: PLC0415
+
+        return explanation_text(self.epsilon, self.delta, self.mechanism, self.columns, self.composition,
+                                self.mechanisms)
+
     def __repr__(self) -> str:
-        lines = [f"Explanation(epsilon={self.epsilon:g}, delta={self.delta:g}, mechanism={self.mechanism})"]
-        lines += [f"  {sql}: ±{hw:.4g} (95%)" for sql, hw in self.accuracy.items()]
-        return "\n".join(lines)
+        return self.describe()
 
 
 class Client:

@@ -49,6 +49,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import asdict, replace
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
@@ -80,6 +81,9 @@ from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
 from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
 from dpsql.report import charge_of, described, fresh_result, privacy_report, repeat_result, uses_udf, with_values
 
+if TYPE_CHECKING:
+    from dpsql.dbapi import Cursor
+
 __all__ = ["Connection", "Explanation", "connect"]
 
 log = logging.getLogger("dpsql")
@@ -92,7 +96,16 @@ MAX_PUBLIC_KEYS = 10_000
 
 
 class Connection:
-    """A differentially private view of one database for one analyst."""
+    """A differentially private view of one database for one analyst; also a DB-API 2.0
+    connection (``cursor()``, ``commit()``, ``rollback()``, ``close()``: :mod:`dpsql.dbapi`).
+
+    Attributes:
+        epsilon, delta: what a cursor's ``execute`` spends when neither the cursor nor the
+            call names it (``None``: the policy's ``default_epsilon``, and 0).
+    """
+
+    epsilon: float | None = None
+    delta: float | None = None
 
     def __init__(
         self,
@@ -480,6 +493,25 @@ class Connection:
                 return "no events"
             self._anchor_cache = f"{first[0].id}:{first[0].time!r}"
         return self._anchor_cache
+
+    def cursor(self, *, epsilon: float | None = None, delta: float | None = None) -> Cursor:
+        """A DB-API cursor spending ``epsilon``/``delta`` per execute (default: the
+        connection's ``epsilon``/``delta``); see :mod:`dpsql.dbapi`."""
+        from dpsql.dbapi import Cursor  # noqa: PLC0415 - dbapi builds on this module
+
+        self._check_open()
+        return Cursor(self, epsilon=self.epsilon if epsilon is None else epsilon,
+                      delta=self.delta if delta is None else delta)
+
+    def commit(self) -> None:
+        """Nothing to commit (DB-API): dpsql only reads, and a charge is recorded when made."""
+
+    def rollback(self) -> None:
+        """Nothing to roll back (DB-API): a charge is final and is never undone."""
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def budget(self) -> BudgetStatus:
         """What this analyst has spent and has left."""

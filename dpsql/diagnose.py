@@ -39,7 +39,9 @@ __all__ = [
     "did_you_mean",
     "edit_distance",
     "parse_statements",
+    "quote",
     "source_text",
+    "span",
     "syntax_message",
     "underline",
 ]
@@ -49,6 +51,8 @@ DIALECT = "duckdb"
 MAX_SQL_LENGTH = 1_000_000
 #: Parentheses open at once (sqlglot's parser recurses about 15 frames per level).
 MAX_PAREN_DEPTH = 32
+#: Type words of typed literals (``DATE '2024-01-01'``), which a pass may turn into strings.
+_TYPED_LITERALS = {"DATE", "TIMESTAMP", "TIME", "TIMESTAMPTZ", "INTERVAL"}
 #: Depth of the parsed tree (a chain of 1,000 ORs is 1,000 deep).
 MAX_TREE_DEPTH = 120
 
@@ -72,20 +76,20 @@ def underline(sql: str, start: int, end: int) -> str:
     return f"  {line}\n  {' ' * (start - line_start)}{'^' * width}"
 
 
-def source_text(sql: str, node: exp.Expression) -> str | None:
-    """What the user wrote for ``node``: its span in ``sql`` (``None`` when unknown).
-
-    >>> tree = sqlglot.parse_one("SELECT COUNT(1) FROM t", read="duckdb")
-    >>> source_text("SELECT COUNT(1) FROM t", tree.expressions[0])
-    'COUNT(1)'
-    """
+def span(sql: str, node: exp.Expression) -> tuple[int, int] | None:
+    """Where the user wrote ``node`` in ``sql``: (first, last) offsets, inclusive, or
+    ``None`` when unknown. A call includes its name and closing parenthesis, a typed
+    literal its type word (sqlglot records neither)."""
     spans = [(n.meta["start"], n.meta["end"]) for n in node.walk() if "start" in n.meta]
     if not spans:
         return None
     start, end = min(s for s, _ in spans), max(e for _, e in spans)
-    if isinstance(node, exp.Func):  # the closing parenthesis carries no position
+    if isinstance(node, exp.Func):
+        call = re.search(r"([A-Za-z_][A-Za-z_0-9]*)\s*\(\s*$", sql[:start])
+        if call is not None and not sql[start:end + 1].lstrip().upper().startswith(call.group(1).upper()):
+            start = call.start(1)
         depth = 0
-        for i in range(start, len(sql)):
+        for i in range(start, len(sql)):  # the closing parenthesis
             if sql[i] == "(":
                 depth += 1
             elif sql[i] == ")":
@@ -93,12 +97,37 @@ def source_text(sql: str, node: exp.Expression) -> str | None:
                 if depth == 0:
                     end = max(end, i)
                     break
-    if isinstance(node, exp.Cast) and start > 0:  # a typed literal: DATE '2024-01-01'
-        before = sql[:start].rstrip()
-        word = re.search(r"([A-Za-z_]+)$", before)
-        if word and word.group(1).upper() == str(node.to.this.value if hasattr(node.to.this, "value") else "").upper():
+    if isinstance(node, (exp.Cast, exp.Literal)) and start > 0:  # a typed literal: DATE '2024-01-01'
+        word = re.search(r"([A-Za-z_]+)\s*$", sql[:start])
+        typed = node.to.sql(dialect=DIALECT).upper() if isinstance(node, exp.Cast) else None
+        if word and (word.group(1).upper() == typed or (
+                typed is None and node.is_string and word.group(1).upper() in _TYPED_LITERALS)):
             start = word.start(1)
-    return sql[start: end + 1]
+    return start, end
+
+
+def source_text(sql: str, node: exp.Expression) -> str | None:
+    """What the user wrote for ``node``: its span in ``sql`` (``None`` when unknown).
+
+    >>> tree = sqlglot.parse_one("SELECT COUNT(1) FROM t", read="duckdb")
+    >>> source_text("SELECT COUNT(1) FROM t", tree.expressions[0])
+    'COUNT(1)'
+    """
+    where = span(sql, node)
+    return None if where is None else sql[where[0]: where[1] + 1]
+
+
+def quote(sql: str, node: exp.Expression, limit: int = 60) -> str:
+    """What the user wrote for ``node``, shortened to ``limit`` characters, for a message
+    (the generated SQL when its position is unknown).
+
+    >>> tree = sqlglot.parse_one("SELECT COUNT(*) FROM t WHERE TRY_CAST(x AS INT) > 1", read="duckdb")
+    >>> quote("SELECT COUNT(*) FROM t WHERE TRY_CAST(x AS INT) > 1", tree.find(exp.TryCast))
+    'TRY_CAST(x AS INT)'
+    """
+    text = source_text(sql, node) or node.sql(dialect=DIALECT)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------- did you mean
@@ -147,9 +176,9 @@ def did_you_mean(name: str, allowed: Iterable[str]) -> str:
 # ---------------------------------------------------------------- parsing
 
 
-def parse_statements(sql: str) -> list[exp.Expression]:
-    """Parse ``sql`` (dialect DuckDB) within the size limits, or raise a clear
-    :class:`QueryRejected`.
+def parse_statements(sql: str, read: str = DIALECT) -> list[exp.Expression]:
+    """Parse ``sql`` (in dialect ``read``, DuckDB's by default) within the size limits, or
+    raise a clear :class:`QueryRejected`.
 
     >>> len(parse_statements("SELECT COUNT(*) FROM t"))
     1
@@ -165,10 +194,10 @@ def parse_statements(sql: str) -> list[exp.Expression]:
             f"the query is {len(sql):,} characters long; at most {MAX_SQL_LENGTH:,} are accepted. "
             "Split it into several queries."
         )
-    tokens = _tokens(sql)
+    tokens = _tokens(sql, read)
     _check_parentheses(sql, tokens)
     try:
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=read) if s is not None]
     except sqlglot.errors.ParseError as exc:
         raise QueryRejected(_parse_error_message(sql, tokens, exc)) from None
     except sqlglot.errors.SqlglotError as exc:
@@ -193,9 +222,9 @@ def syntax_message(sql: str) -> str:
     return ""
 
 
-def _tokens(sql: str) -> list[Token]:
+def _tokens(sql: str, read: str = DIALECT) -> list[Token]:
     try:
-        return list(sqlglot.tokenize(sql, read=DIALECT))
+        return list(sqlglot.tokenize(sql, read=read))
     except sqlglot.errors.SqlglotError:
         raise QueryRejected(_token_error_message(sql)) from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -23,7 +24,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from dpsql.result import Result
 
-__all__ = ["cell_text", "html_table", "result_repr", "text_table", "with_intervals"]
+__all__ = ["cell_text", "explanation_text", "html_table", "result_repr", "text_table", "with_intervals"]
 
 #: Rows shown by ``repr`` and in a notebook before "... N more rows".
 SHOWN_ROWS = 20
@@ -154,3 +155,57 @@ def with_intervals(result: Result) -> pa.Table:
             columns.append(pa.array(cells, pa.float64()))
             names.append(f"{name}_ci95")
     return pa.Table.from_arrays(columns, names=names)
+
+
+# ---------------------------------------------------------------- explain
+
+
+def _short(value: float) -> str:
+    return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:.3g}"
+
+
+def explanation_text(
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+    columns: Mapping[str, Mapping[str, Any]],
+    composition: Mapping[str, Any] | None = None,
+    mechanisms: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """What ``explain`` shows, from plain data: the embedded
+    :class:`~dpsql.explain.Explanation`, the client's remote one and ``dpsql query
+    --explain`` all print this. Every output column, labelled by its name in the answer
+    (the alias), with its mechanism, clipping bounds and expected 95% half-width."""
+    lines = [f"would charge epsilon={epsilon:g}, delta={delta:g} ({mechanism} noise); "
+             "explain reads no data and charges nothing"]
+    if composition is not None:
+        before, after, budget = composition["before"], composition["after"], composition["budget"]
+        fits = after[0] <= budget[0] * (1 + 1e-12) and after[1] <= budget[1] * (1 + 1e-12)
+        lines.append(f"  {composition['accountant']} accountant: spent epsilon={before[0]:g}, delta={before[1]:g} -> "
+                     f"epsilon={after[0]:g}, delta={after[1]:g} of ({budget[0]:g}, {budget[1]:g})"
+                     + ("" if fits else "  OVER BUDGET"))
+    lines.append("per output column (95% half-width of the noise):")
+    for name, col in columns.items():
+        parts = [str(col.get("mechanism", ""))]
+        if col.get("noise_std") is not None:
+            parts.append(f"noise std {_short(float(col['noise_std']))}")
+        bounds = col.get("bounds")
+        if bounds is not None:
+            parts.append(f"bounds [{bounds[0]:g}, {bounds[1]:g}]")
+        half_width, depends = col.get("half_width"), col.get("depends_on", "")
+        if half_width is not None:
+            accuracy = "exact (no noise)" if half_width == 0 else f"±{_short(float(half_width))}"
+        elif col.get("typical") is not None:
+            accuracy = f"±{_short(float(col['typical']))} {col.get('typical_note', '')}".rstrip()
+        elif depends == "count":
+            accuracy = "± depends on the count: half_width_for(column, count=...)"
+        else:
+            accuracy = "± depends on the data (an expression over noisy aggregates)"
+        lines.append(f"  {name}: {', '.join(p for p in parts if p)}: {accuracy}")
+    if mechanisms:
+        lines.append("measurements:")
+        for key, described in mechanisms.items():
+            fields = [f"{k}={_short(v) if isinstance(v, float) else v}" for k, v in described.items()
+                      if k not in ("why", "decided") and v is not None]
+            lines.append(f"  {key}: {', '.join(fields)}")
+    return "\n".join(lines)

@@ -16,10 +16,11 @@ expression over several aggregates has none.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,12 @@ __all__ = ["ColumnExplanation", "Composition", "Explanation", "column_half_width
 _EPSILON_PRECISION = 1e-9
 #: The smallest epsilon searched, relative to the policy's cap.
 _LOWEST_EPSILON = 1e-6
+#: The group size an AVG's typical half-width assumes (rows after contribution bounding).
+TYPICAL_ROWS = 1000
+#: The group size an order statistic's or UDF's typical half-width is modelled at (units).
+TYPICAL_UNITS = 1000
+#: 95% half-width of Laplace noise per unit of mean absolute error: ln(20).
+_LAPLACE_95 = math.log(20)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,12 @@ class ColumnExplanation:
         depends_on: ``""`` (known now), ``"count"`` (AVG: use
             :meth:`Explanation.half_width_for`) or ``"data"`` (expressions, other aggregates).
         measurements: the noisy quantities behind the column (JSON-able dicts).
+        bounds: the clipping bounds of the column it aggregates (SUM, AVG, VAR, order
+            statistics, UDFs); ``None`` for counts and keys.
+        typical: where ``half_width`` depends on the data, the expected 95% half-width of a
+            typical group (see ``typical_note``): an AVG at :data:`TYPICAL_ROWS` rows, an
+            order statistic or UDF modelled at :data:`TYPICAL_UNITS` units.
+        typical_note: what ``typical`` assumes.
     """
 
     mechanism: str
@@ -60,6 +73,9 @@ class ColumnExplanation:
     half_width: float | None
     depends_on: str = ""
     measurements: tuple[dict[str, object], ...] = ()
+    bounds: tuple[float, float] | None = None
+    typical: float | None = None
+    typical_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -155,22 +171,19 @@ class Explanation:
             raise Error("this explanation cannot re-plan; use Connection.epsilon_for instead.")
         return smallest_epsilon(self._replan, column, half_width, self._max_epsilon, count=count, mean=mean)
 
+    def describe(self) -> str:
+        """What would be charged and how accurate each output column would be, as text
+        (the same for an embedded and a remote explanation: :func:`dpsql.display.explanation_text`)."""
+        from dpsql.display import explanation_text  # noqa: PLC0415
+
+        composition = None if self.composition is None else asdict(self.composition)
+        text = explanation_text(self.epsilon, self.delta, self.mechanism,
+                                {name: asdict(col) for name, col in self.columns.items()}, composition,
+                                self.mechanisms)
+        return "\n".join([text, *self._bounds_text()])
+
     def __repr__(self) -> str:
-        lines = [f"Explanation(epsilon={self.epsilon:g}, delta={self.delta:g}, mechanism={self.mechanism})"]
-        if self.composition is not None:
-            c = self.composition
-            lines.append(
-                f"  {c.accountant} accountant: spent epsilon={c.before[0]:g}, delta={c.before[1]:g} -> "
-                f"epsilon={c.after[0]:g}, delta={c.after[1]:g} of ({c.budget[0]:g}, {c.budget[1]:g})"
-                + ("" if c.fits else "  OVER BUDGET")
-            )
-        for name, col in self.columns.items():
-            accuracy = {"": f"±{col.half_width:.4g} (95%)" if col.half_width is not None else "",
-                        "count": "± depends on the count: half_width_for(column, count=...)",
-                        "data": "± depends on the data"}[col.depends_on]
-            lines.append(f"  {name}: {col.mechanism} {accuracy}".rstrip())
-        lines += self._bounds_text()
-        return "\n".join(lines)
+        return self.describe()
 
     def bounds(self) -> list[tuple[str, float, float, str]]:
         """Per aggregate of a bounded value: (the aggregate as written, lower, upper, where the
@@ -290,6 +303,7 @@ def _round_up(value: float, digits: int) -> float:
 
 def _column_explanations(plan: QueryPlan, privacy: PrivacyReport) -> dict[str, ColumnExplanation]:
     out: dict[str, ColumnExplanation] = {}
+    releases = {r.name: r for r in plan.value_releases}
     for name, projection in zip(plan.output_names, plan.output.expressions):
         col = privacy.columns[name]
         aggregate = _bare_aggregate(plan, projection)
@@ -300,8 +314,49 @@ def _column_explanations(plan: QueryPlan, privacy: PrivacyReport) -> dict[str, C
             continue
         known = _aggregate_half_width(plan, aggregate)
         depends = "" if known is not None else ("count" if aggregate.function == "avg" else "data")
-        out[name] = ColumnExplanation(col.mechanism, col.noise_std, known, depends, col.measurements)
+        release = releases.get(aggregate.name)
+        bounds = aggregate.bounds if aggregate.bounds is not None else getattr(getattr(release, "target", None),
+                                                                               "bounds", None)
+        typical, note = None, ""
+        if depends == "count":
+            typical = column_half_width(plan, name, count=TYPICAL_ROWS)
+            note = (f"at {TYPICAL_ROWS:,} rows per group, the mean on a bound (it shrinks as 1/rows; "
+                    "half_width_for(column, count=N) for your groups)")
+        elif release is not None:
+            typical, note = _value_half_width(release)
+        out[name] = ColumnExplanation(col.mechanism, col.noise_std, known, depends, col.measurements,
+                                      None if bounds is None else (float(bounds[0]), float(bounds[1])),
+                                      typical, note)
     return out
+
+
+def _value_half_width(release: Any) -> tuple[float, str]:
+    """An order statistic's or UDF's expected 95% half-width in a group of
+    :data:`TYPICAL_UNITS` units, from the strategy models (mean absolute error x ln 20,
+    as for Laplace noise), never more than its bounds' width (the answer is clamped)."""
+    from dpsql.release.udf import choose_strategy  # noqa: PLC0415 - the release models
+
+    ptr, smooth, sample_and_aggregate = (importlib.import_module(f"dpsql.release.udf.{name}")
+                                         for name in ("ptr", "smooth", "sample_and_aggregate"))
+
+    target = release.target
+    epsilon = release.epsilon * (1 - release.COUNT_SHARE)
+    choice = choose_strategy(target, TYPICAL_UNITS, epsilon, release.delta, rows_per_unit=release.rows_per_unit)
+    bounds = target.bounds
+    if choice.strategy == "ptr":
+        error = ptr.expected_error(bounds, TYPICAL_UNITS, epsilon, release.delta, rows_per_unit=release.rows_per_unit)
+    elif choice.strategy == "smooth":
+        error = smooth.expected_error(bounds, TYPICAL_UNITS, epsilon, release.delta,
+                                      rows_per_unit=release.rows_per_unit)
+    else:
+        error = sample_and_aggregate.expected_error(bounds, TYPICAL_UNITS, epsilon)
+    width = float(bounds[1]) - float(bounds[0])
+    names = {"ptr": "PTR", "smooth": "smooth sensitivity", "sample_and_aggregate": "sample-and-aggregate"}
+    note = (f"modelled for {TYPICAL_UNITS:,} units per group with {names[choice.strategy]} (chosen per group at "
+            "run time)")
+    if error * _LAPLACE_95 >= width:
+        return width, note + f"; no better than the bounds' width: the answer is clamped into [{bounds[0]:g}, {bounds[1]:g}]"
+    return error * _LAPLACE_95, note
 
 
 def _aggregate_half_width(plan: QueryPlan, aggregate: Aggregate) -> float | None:

@@ -49,6 +49,7 @@ import sqlglot
 import sqlglot.errors
 import sqlglot.expressions as exp
 
+from dpsql.diagnose import parse_statements
 from dpsql.errors import QueryRejected
 
 __all__ = ["DIALECTS", "Normalized", "PublicQuery", "check_dialect", "normalize", "query_budget", "without_options"]
@@ -209,10 +210,7 @@ def normalize(
     text, options = _dp_options(sql)
     text, bounds = _contribution_bounds(text)
     text, top = _top(text) if read != "tsql" else (text, None)
-    try:
-        statements = [s for s in sqlglot.parse(text, read=read) if s is not None]
-    except sqlglot.errors.SqlglotError as e:
-        raise QueryRejected(f"the query is not valid SQL: {e}") from None
+    statements = parse_statements(text, read=read)  # size limits; syntax errors in words (issue 20)
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):
         raise _statement_error(sql)
     select = statements[0]
@@ -585,7 +583,9 @@ def literal_dates(select: exp.Select, ctx: _Ctx) -> exp.Select:
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, (exp.Cast, exp.TryCast)) and isinstance(node.this, exp.Literal) and node.this.is_string \
                 and node.to.this in _TEMPORAL_TYPES and isinstance(node.parent, (exp.Predicate, exp.Between, exp.In)):
-            return exp.Literal.string(node.this.this)
+            literal = exp.Literal.string(node.this.this)
+            literal.meta.update(node.this.meta)  # where the user wrote it, for messages
+            return literal
         if isinstance(node, (exp.Add, exp.Sub)) and not list(node.find_all(exp.Column)) and any(
                 isinstance(n, exp.Interval) for n in node.walk()):
             try:

@@ -24,23 +24,28 @@ import decimal
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+import sqlglot
+import sqlglot.errors
 from sqlglot import exp
+from sqlglot.tokens import TokenType
 
 from dpsql.diagnose import parse_statements
-from dpsql.errors import Error, QueryRejected
+from dpsql.errors import ProgrammingError, QueryRejected
 
 __all__ = ["BadParameter", "bind_tree", "bind_values", "placeholders", "python_literal"]
 
 DIALECT = "duckdb"
 
 
-class BadParameter(Error):
+class BadParameter(ProgrammingError):
     """A parameter that cannot be bound: wrong number, unsupported type, not a finite number."""
 
 
 def placeholders(tree: exp.Expression) -> list[exp.Expression]:
-    """The placeholder nodes of ``tree`` (``?`` and ``$n``), in the order they appear."""
-    return [node for node in tree.walk() if isinstance(node, (exp.Placeholder, exp.Parameter))]
+    """The placeholder nodes of ``tree`` (``?`` and ``$n``), in the order they appear (a
+    depth-first walk follows the text: sqlglot keeps each node's arguments in the order
+    they are written)."""
+    return [node for node in tree.walk(bfs=False) if isinstance(node, (exp.Placeholder, exp.Parameter))]
 
 
 def _number_of(node: exp.Expression) -> str | None:
@@ -68,7 +73,8 @@ def bind_tree(tree: exp.Expression, count: int, literal_for: Callable[[int], exp
     Raises:
         BadParameter: styles mixed, a named placeholder, or a count that does not match.
     """
-    nodes = placeholders(tree)
+    copied = tree.copy()
+    nodes = placeholders(copied)
     numbers = [_number_of(n) for n in nodes]
     qmarks = sum(number is None for number in numbers)
     if qmarks and qmarks != len(nodes):
@@ -80,11 +86,6 @@ def bind_tree(tree: exp.Expression, count: int, literal_for: Callable[[int], exp
         )
     used = list(range(1, qmarks + 1)) if qmarks else [int(n) for n in numbers if n is not None]
     plural = "s were" if count != 1 else " was"
-    if qmarks and (qmarks > count or (all_used and qmarks < count)):
-        raise BadParameter(
-            f"the query has {qmarks} placeholder{'s' if qmarks != 1 else ''} but {count} parameter{plural} "
-            "given; pass exactly one value per ?."
-        )
     beyond = sorted({n for n in used if not 1 <= n <= count})
     if beyond:
         raise BadParameter(f"the query uses ${beyond[0]} but {count} parameter{plural} given.")
@@ -95,14 +96,15 @@ def bind_tree(tree: exp.Expression, count: int, literal_for: Callable[[int], exp
             f"parameter{'s' if len(unused) != 1 else ''} {listed} {'are' if len(unused) != 1 else 'is'} "
             "given but not used in the query; pass exactly the values it uses."
         )
-    order = iter(used)
+    if qmarks:  # the tree does not keep where each ? stood: number them in the text first
+        raise BadParameter("number the query's ? placeholders before binding them (bind_values does).")
 
     def replace(node: exp.Expression) -> exp.Expression:
         if isinstance(node, (exp.Placeholder, exp.Parameter)):
-            return literal_for(next(order))
+            return literal_for(int(_number_of(node) or 0))
         return node
 
-    return tree.copy().transform(replace, copy=False)
+    return copied.transform(replace, copy=False)
 
 
 def bind_values(sql: str, params: Sequence[object] | Mapping[str, object] | None) -> str:
@@ -133,6 +135,12 @@ def bind_values(sql: str, params: Sequence[object] | Mapping[str, object] | None
         return sql
     if not isinstance(sql, str):
         raise QueryRejected(f"the query must be a string of SQL, got {type(sql).__name__}.")
+    sql, marks = _numbered(sql)  # ? -> $1, $2 ... by position in the text
+    if marks and marks != len(values):
+        raise BadParameter(
+            f"the query has {marks} placeholder{'s' if marks != 1 else ''} but {len(values)} parameter"
+            f"{'s were' if len(values) != 1 else ' was'} given; pass exactly one value per ?."
+        )
     statements = parse_statements(sql)  # a syntax error is refused here, pointing at the SQL
     if len(statements) != 1:
         return sql  # the analyzer refuses several statements with its own message
@@ -141,6 +149,27 @@ def bind_values(sql: str, params: Sequence[object] | Mapping[str, object] | None
         return sql
     bound = bind_tree(tree, len(values), lambda n: python_literal(values[n - 1], n))
     return bound.sql(dialect=DIALECT)
+
+
+def _numbered(sql: str) -> tuple[str, int]:
+    """``sql`` with each ``?`` placeholder token written ``$1``, ``$2`` ... in the order of
+    the text (tokens, so a ``?`` inside a string or comment is left alone).
+
+    >>> _numbered("SELECT COUNT(*) FROM t WHERE a = ? AND b = '?' LIMIT ?")
+    ("SELECT COUNT(*) FROM t WHERE a = $1 AND b = '?' LIMIT $2", 2)
+    """
+    if "?" not in sql:
+        return sql, 0
+    try:
+        tokens = list(sqlglot.tokenize(sql, read=DIALECT))
+    except sqlglot.errors.SqlglotError:
+        return sql, 0  # parse_statements explains what is wrong
+    marks = [t for t in tokens if t.token_type == TokenType.PLACEHOLDER and t.text == "?"]
+    if marks and any(t.token_type == TokenType.PARAMETER for t in tokens):
+        raise BadParameter("the query mixes ? and $n placeholders; use one style.")
+    for number, token in reversed(list(enumerate(marks, 1))):
+        sql = f"{sql[:token.start]}${number}{sql[token.end + 1:]}"
+    return sql, len(marks)
 
 
 def _number(text: str) -> exp.Expression:

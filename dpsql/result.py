@@ -96,8 +96,16 @@ class Result:
         """The noisy answer as a ``pyarrow.Table``, columns named as in the SELECT."""
         return self._table
 
-    def df(self) -> Any:
-        """The noisy answer as a pandas DataFrame (needs pandas)."""
+    def df(self, accuracy: bool = False) -> Any:
+        """The noisy answer as a pandas DataFrame (needs pandas).
+
+        With ``accuracy=True``, a ``<column>_ci95`` column (the cell's 95% half-width) follows
+        each noisy column, as the Postgres front's ``SET dpsql.accuracy = on`` gives.
+        """
+        if accuracy:
+            from dpsql.display import with_intervals  # noqa: PLC0415 - display imports Result's module
+
+            return with_intervals(self).to_pandas()
         return self._table.to_pandas()
 
     def fetchall(self) -> list[tuple[Any, ...]]:
@@ -109,30 +117,19 @@ class Result:
         return self._table.num_rows
 
     def __repr__(self) -> str:
-        return f"Result({self._table.num_rows} rows, epsilon={self.privacy.epsilon:g}, delta={self.privacy.delta:g})"
+        """The rows with their ± half-widths, the charge, each column's mechanism, notes."""
+        from dpsql.display import result_repr  # noqa: PLC0415
+
+        return result_repr(self)
+
+    def _repr_html_(self) -> str:
+        """How Jupyter shows a result: an HTML table with ±, the charge, mechanisms, notes."""
+        from dpsql.display import html_table  # noqa: PLC0415
+
+        return html_table(self)
 
     def format(self) -> str:
-        """A plain-text table with ± half-widths, as the CLI prints it."""
-        header = self.columns
-        rows = []
-        for i in range(self._table.num_rows):
-            row = []
-            for name in header:
-                value = self._table[name][i].as_py()
-                hw = self.accuracy.cells(name)[i]
-                row.append(_cell(value, hw))
-            rows.append(row)
-        widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h) for j, h in enumerate(header)]
-        line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
-        body = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-        return "\n".join([line, "  ".join("-" * w for w in widths), *body])
+        """A plain-text table with ± half-widths, as the CLI prints it (see :mod:`dpsql.display`)."""
+        from dpsql.display import text_table  # noqa: PLC0415
 
-
-def _cell(value: Any, half_width: float | None) -> str:
-    if isinstance(value, float):
-        text = f"{value:,.2f}" if abs(value) < 1e15 else f"{value:.4g}"
-    else:
-        text = str(value)
-    if half_width:
-        text += f" ± {half_width:,.2f}" if half_width < 1e15 else f" ± {half_width:.3g}"
-    return text
+        return text_table(self)

@@ -29,7 +29,12 @@ def test_public_names_are_pinned() -> None:
         "AuthenticationError", "BudgetExceeded", "BudgetStatus", "Client", "Connection", "Error",
         "InternalError", "Ledger", "Policy", "PolicyError", "PolicyViolation", "QueryFailed", "QueryRejected", "RateLimited",
         "Result", "__version__", "connect", "load_policy",
+        # DB-API 2.0 (PEP 249): module globals and exception names (issue 20)
+        "apilevel", "paramstyle", "threadsafety", "Warning", "InterfaceError", "DatabaseError", "DataError",
+        "OperationalError", "IntegrityError", "ProgrammingError", "NotSupportedError",
     }
+    for name in dpsql.__all__:
+        assert getattr(dpsql, name) is not None
     for name in ("PolicyError", "QueryRejected", "PolicyViolation", "BudgetExceeded", "AuthenticationError"):
         assert issubclass(getattr(dpsql, name), dpsql.Error)
 

@@ -76,8 +76,17 @@ def test_explain_shows_the_plan_and_charges_nothing(db, tmp_path, capsys):
     assert query(db, ledger, BY_REGION, "--epsilon", "0.2", "--explain") == 0
     out = capsys.readouterr().out
     assert "would charge epsilon=0.2, delta=0 (laplace noise)" in out
-    assert "COUNT(*): ±" in out and "bounded SQL:" in out
+    assert "n: laplace, noise std" in out and "bounded SQL:" in out  # labelled by the alias
     assert status(ledger).queries == 0
+
+
+def test_explain_without_a_ledger_does_not_warn_about_recording(db, capsys):
+    # issue 20: explain charges nothing, so "this charge is not recorded" was wrong there
+    assert query(db, None, BY_REGION, "--explain") == 0
+    captured = capsys.readouterr()
+    assert "would charge" in captured.out and "not recorded" not in captured.err
+    assert query(db, None, BY_REGION) == 0
+    assert "this charge is not recorded" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,8 @@ def test_explain_describes_every_output_column(db: Path) -> None:
     assert '"visits"' in bounded and "least(" in bounded and '"__u"' in bounded  # per-unit bounding
     assert laplace.accuracy == {"COUNT(*)": laplace.columns["n"].half_width, "SUM(visits)": laplace.columns["v"].half_width}
     text = repr(laplace)
-    assert "n: laplace ±" in text and "half_width_for" in text and "basic accountant" in text
+    assert "n: laplace, noise std" in text and "half_width_for" in text and "basic accountant" in text
+    assert f"±{laplace.columns['n'].half_width:,.4g}" in text
 
 
 def test_expected_half_widths_are_what_the_result_reports(db: Path) -> None:

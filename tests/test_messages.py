@@ -4,9 +4,12 @@ instead of RecursionError, and "did you mean" over allowed names only."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import dpsql
+from dpsql.demo import make_demo_database
 from dpsql.diagnose import (
     MAX_PAREN_DEPTH,
     MAX_TREE_DEPTH,
@@ -79,3 +82,76 @@ def test_edit_distance_and_did_you_mean() -> None:
     assert did_you_mean("completely_else", ["age", "income"]) == ""
     # only the names passed are ever suggested: a denied name close to the typo is not
     assert did_you_mean("ssm", ["age", "income"]) == ""
+
+
+# ---------------------------------------------------------------- through the pipeline
+
+POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
+
+
+@pytest.fixture(scope="module")
+def conn(tmp_path_factory: pytest.TempPathFactory) -> dpsql.Connection:
+    db = tmp_path_factory.mktemp("messages") / "demo.duckdb"
+    make_demo_database(db, rows=2_000, units=200)
+    with dpsql.connect(db, policy=POLICY, analyst="alice") as connection:
+        yield connection
+
+
+def _refusal(conn: dpsql.Connection, sql: str) -> str:
+    with pytest.raises(dpsql.Error) as caught:
+        conn.execute(sql, epsilon=0.1)
+    message = str(caught.value)
+    assert "\x1b" not in message and "<class" not in message and "sqlglot" not in message
+    return message
+
+
+def test_did_you_mean_columns_and_tables(conn: dpsql.Connection) -> None:
+    assert "Did you mean 'age'?" in _refusal(conn, "SELECT COUNT(*) FROM visits WHERE agee > 3")
+    assert "Did you mean 'income'?" in _refusal(conn, "SELECT SUM(incme) FROM visits")
+    assert "Did you mean 'visits'?" in _refusal(conn, "SELECT COUNT(*) FROM visit")
+
+
+def test_did_you_mean_never_reveals_a_denied_or_unlisted_name(conn: dpsql.Connection) -> None:
+    # ssn is denied and user_id is the unit (never grouped): neither is suggested for a typo
+    message = _refusal(conn, "SELECT COUNT(*) FROM visits WHERE ssm = '1'")
+    assert "ssn" not in message and "Did you mean" not in message
+    message = _refusal(conn, "SELECT COUNT(*) FROM visits WHERE zipp = '1'")
+    assert "Did you mean 'zip'?" in message  # a filter column is allowed in WHERE
+
+
+def test_syntax_errors_through_execute(conn: dpsql.Connection) -> None:
+    message = _refusal(conn, "SELECT COUNT(*) FROM visits WHERE age > 3O")
+    assert message.startswith("the query is not valid SQL: unexpected 'O'")
+    assert message.splitlines()[-1].index("^") == message.splitlines()[-2].index("3O") + 1
+
+
+def test_limits_through_execute(conn: dpsql.Connection) -> None:
+    nested = "SELECT COUNT(*) FROM visits WHERE " + "(" * 50 + "age > 3" + ")" * 50
+    assert "parentheses 50 deep" in _refusal(conn, nested)
+    long_or = "SELECT COUNT(*) FROM visits WHERE " + " OR ".join(f"age = {i}" for i in range(1000))
+    assert "IN (...)" in _refusal(conn, long_or)
+    in_list = "SELECT COUNT(*) AS n FROM visits WHERE age IN (" + ", ".join(str(i) for i in range(1000)) + ")"
+    assert conn.execute(in_list, epsilon=0.1).fetchall()  # the suggested form is answered
+
+
+def test_refusals_quote_what_the_user_wrote(conn: dpsql.Connection) -> None:
+    for sql, quoted in [
+        ("SELECT MEDIAN(age * 2) FROM visits", "MEDIAN(age * 2)"),
+        ("SELECT COUNT(*) FROM visits WHERE repeat(zip, 3) = 'x'", "repeat(zip, 3)"),
+        ("SELECT COUNT(*) FROM visits WHERE age > regexp_replace(city, 'a', 'b')", "regexp_replace(city, 'a', 'b')"),
+    ]:
+        message = _refusal(conn, sql)
+        assert quoted in message.splitlines()[0], message
+
+
+def test_count_1_and_date_literals_are_answered_or_quoted(conn: dpsql.Connection) -> None:
+    for sql, quoted in [("SELECT COUNT(1) AS n FROM visits", "COUNT(1)"),
+                        ("SELECT COUNT(*) AS n FROM visits WHERE age > DATE '2024-01-01'", "DATE '2024-01-01'"),
+                        ("SELECT COUNT(*) AS n FROM visits WHERE city > DATE '2024-01-01'", "DATE '2024-01-01'")]:
+        try:
+            result = conn.execute(sql, epsilon=0.1)
+        except dpsql.Error as exc:
+            assert quoted in str(exc).splitlines()[0], str(exc)
+            assert "CAST is not allowed" not in str(exc) and "bare column" not in str(exc)
+        else:
+            assert len(result) == 1

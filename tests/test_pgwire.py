@@ -110,7 +110,7 @@ def test_psycopg_parameters_settings_accuracy_budget_and_explain(server):
 
         before = _budget(conn)
         plan = [row[0] for row in conn.execute("EXPLAIN SELECT region, AVG(income) FROM visits GROUP BY region")]
-        assert plan[0].startswith("Explanation(epsilon=0.5")
+        assert plan[0].startswith("would charge epsilon=0.5")
         inner = conn.execute("SELECT dpsql.explain('SELECT COUNT(*) FROM visits')").fetchall()
         assert inner and "laplace" in " ".join(r[0] for r in inner)
         assert _budget(conn) == before  # a dry run charges nothing

@@ -364,7 +364,7 @@ def test_budget_command_shows_accountant_mu_and_draws_the_plot(tmp_path: Path,
     out = capsys.readouterr().out
     assert "queries: 200" in out and "accountant: pld (epsilon at the budget's delta)" in out
     assert f"Gaussian-DP: mu={math.sqrt(200) * gdp_mu(0.1, 1e-8):.4g}" in out
-    assert f"trade-off curve: {png}" in out
+    assert f"picture: {png}" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 

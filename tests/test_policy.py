@@ -266,11 +266,19 @@ def test_accountant_defaults_to_basic_and_accepts_pld() -> None:
 
 
 def test_explicit_access_overrides_implied_level() -> None:
-    visits = parse(with_column('score = { bounds = [0, 1], access = "filter" }')).table("visits")
+    visits = parse(with_column('score = { bounds = [0, 1], access = "group" }')).table("visits")
     assert visits is not None
     score = visits.column("score")
     assert score is not None
-    assert score.access == "filter" and not score.can_aggregate and not score.can_group
+    assert score.access == "group" and not score.can_aggregate and score.can_group
+
+
+@pytest.mark.parametrize("extra", ["bounds = [0, 1]", 'public_values = ["a", "b"]'])
+def test_filter_access_with_bounds_or_public_values_is_refused(extra: str) -> None:
+    # issue 20: such a policy loaded, then every query refused to aggregate the column
+    with pytest.raises(PolicyError, match=r'column \'score\': access = "filter" \(only in WHERE\) and '
+                       r'(bounds|public_values) contradict each other.*Remove'):
+        parse(with_column(f'score = {{ {extra}, access = "filter" }}'))
 
 
 def test_integer_and_float_values_keep_their_type() -> None:

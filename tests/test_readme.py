@@ -5,9 +5,10 @@
   names the README uses; every other Python block must be listed in ``NEEDS_A_SERVER_OR_DATA``
   with the reason it is not run here.
 - Every ``$ dpsql ...`` line of a ``console`` block runs (in order, in the same directory,
-  in-process through :func:`dpsql.cli.main`) and must exit 0. The lines shown after it are
-  its expected output: each must appear in what the command printed, except lines holding
-  a noisy value (a ``±``) and ``...``.
+  in-process through :func:`dpsql.cli.main`) and must exit 0, or 1 with a one-line error
+  when the README shows it failing (``error: ...``). The lines shown after it are its
+  expected output: each must appear in what the command printed, except lines holding a
+  noisy value (a ``±``) and ``...``.
 - Every other ``dpsql`` command line in a code block (a server, a 10-minute audit) must at
   least be accepted by the command line's parser, so no option it shows is stale.
 """
@@ -24,8 +25,6 @@ import pytest
 
 import dpsql
 
-if not hasattr(dpsql.Connection, "cursor"):  # pragma: no cover - until the DB-API hook lands (issue 20)
-    pytest.skip("README's DB-API example needs Connection.cursor", allow_module_level=True)
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -36,6 +35,8 @@ NEEDS_A_SERVER_OR_DATA = {
     "Connect with psql, psycopg or a BI tool": "needs a running Postgres front",
     "Auditing a deployment": "audits take minutes (tests/test_audit.py runs the same API)",
     "Local differential privacy": "a fragment: the client's device id and a local policy file",
+    "Data where it lives: Parquet, CSV, DataFrames and Apache Spark": "a fragment: the reader's DataFrame and "
+    "SparkSession (tests/test_datasources.py and tests/engines/ run the same calls)",
 }
 
 
@@ -85,6 +86,7 @@ def test_readme_has_the_examples_this_test_runs() -> None:
     assert set(NEEDS_A_SERVER_OR_DATA) <= python_headings  # the skip list names real blocks
 
 
+@pytest.mark.filterwarnings("ignore:pandas only supports SQLAlchemy")  # it warns for any DB-API connection
 def test_python_blocks_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(workdir)
     ran = []
@@ -143,7 +145,10 @@ def test_console_examples_run(workdir: Path, monkeypatch: pytest.MonkeyPatch, ca
             capsys.readouterr()
             code = main(words[1:])
             printed = capsys.readouterr()
-            assert code == 0, f"{command}\n{printed.err}"
+            fails = bool(expected) and expected[0].startswith("error: ")  # shown failing: exit 1
+            assert code == (1 if fails else 0), f"{command}\n{printed.err}"
+            if fails:
+                assert "Traceback" not in printed.err and printed.err.count("\n") == 1
             lines = (printed.out + printed.err).splitlines()
             for want in expected:
                 if not want.strip() or "±" in want or want.strip() == "...":

@@ -65,7 +65,7 @@ REJECTED = [
     ("SELECT COUNT(*) FROM (SELECT ssn FROM visits)", dpsql.PolicyViolation, r"denied"),
     ("SELECT COUNT(*) FROM visits WHERE age IN (SELECT age FROM visits)", dpsql.QueryRejected, r"subquer"),
     ("SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1)", dpsql.QueryRejected, r"subquer"),
-    ("SELECT COUNT(*) FROM visits WHERE repeat(zip, 1000000) = 'x'", dpsql.QueryRejected, r"REPEAT is not allowed in WHERE"),
+    ("SELECT COUNT(*) FROM visits WHERE repeat(zip, 1000000) = 'x'", dpsql.QueryRejected, r"repeat\(zip, 1000000\) is not allowed in WHERE"),
     ("SELECT COUNT(*) FROM visits WHERE error('boom') IS NULL", dpsql.QueryRejected, r"not allowed in WHERE"),
     ("SELECT COUNT(*) FROM visits WHERE CAST(zip AS INTERVAL) IS NULL", dpsql.QueryRejected, r"CAST to INTERVAL is not supported"),
     ("SELECT COUNT(*) FROM visits WHERE CAST(zip AS BLOB) IS NULL", dpsql.QueryRejected, r"CAST to BLOB is not supported"),

@@ -161,7 +161,7 @@ def test_explain_matches_the_embedded_api_and_charges_nothing(
     assert explanation.bounded_sql == local.bounded_sql
     assert explanation.mechanisms == local.mechanisms
     assert explanation.accuracy == pytest.approx(local.accuracy)
-    assert explanation.mechanism == "laplace" and "COUNT(*)" in repr(explanation)
+    assert explanation.mechanism == "laplace" and "\n  n: laplace" in repr(explanation)  # by alias
 
 
 def test_repeats_behave_as_embedded(server: ServerProcess, home: Path, db: Path, tmp_path: Path) -> None:
@@ -392,3 +392,31 @@ def test_tls(db: Path, tmp_path: Path) -> None:
                 remote.budget()
     finally:
         assert proc.stop() == 0
+
+
+def test_unauthenticated_list_flights_is_a_clean_error(server: ServerProcess, tokens: dict[str, str]) -> None:
+    import pyarrow.flight as flight
+
+    raw = flight.FlightClient(server.location)
+    try:
+        with pytest.raises(flight.FlightUnauthenticatedError) as caught:
+            list(raw.list_flights())
+        assert "no token" in str(caught.value) and "Traceback" not in str(caught.value)
+        with pytest.raises(flight.FlightUnauthenticatedError, match="no token"):
+            raw.get_flight_info(flight.FlightDescriptor.for_command(b"SELECT 1"))
+        options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {tokens['alice']}".encode())])
+        assert list(raw.list_flights(options=options)) == []
+    finally:
+        raw.close()
+
+
+def test_remote_explain_describes_every_column_as_the_embedded_one(server: ServerProcess, tokens: dict[str, str],
+                                                                     db: Path) -> None:
+    sql = "SELECT region, COUNT(*) AS n, AVG(income) AS avg_income, MEDIAN(age) AS med FROM visits GROUP BY region"
+    with client(server, tokens["alice"]) as remote:
+        there = remote.explain(sql, epsilon=0.5, delta=1e-7)
+    with dpsql.connect(db, policy=POLICY, analyst="alice") as conn:
+        here = conn.explain(sql, epsilon=0.5, delta=1e-7)
+    columns = lambda text: text.split("per output column")[1].split("measurements:")[0]  # noqa: E731
+    assert columns(repr(there)) == columns(repr(here))
+    assert "  med: " in repr(there) and "bounds [0, 100]" in repr(there)

@@ -14,6 +14,7 @@ from dpsql.analyze.context import Context
 from dpsql.analyze.keys import _key_identity, _shape
 from dpsql.analyze.parse import DIALECT, point_at, reject
 from dpsql.analyze.scope import Resolved
+from dpsql.diagnose import quote
 from dpsql.errors import PolicyViolation, QueryRejected
 from dpsql.intervals import bounds
 from dpsql.plan import NOISY_TABLE, SOURCE_ALIAS, Aggregate, QuantileSpec
@@ -406,10 +407,13 @@ def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Expres
 
 
 def _bare_column(ctx: Context, arg: exp.Expression, node: exp.Expression) -> exp.Column:
+    if isinstance(node, exp.Count) and isinstance(arg, exp.Literal):  # COUNT(1): the user meant rows
+        raise reject(f"{quote(ctx.sql, node)}: write COUNT(*) to count rows, or COUNT(column) to count a "
+                     "column's non-NULL values.", ctx.sql, node)
     if not isinstance(arg, exp.Column):
         raise reject(
-            "aggregates take a bare column, not an expression: clipping bounds apply to the column "
-            "as stored (e.g. write SUM(income), not SUM(income * 2)).",
+            f"{quote(ctx.sql, node)}: aggregates take a bare column, not an expression: clipping bounds apply "
+            "to the column as stored (e.g. write SUM(income), not SUM(income * 2)).",
             ctx.sql,
             node,
         )

@@ -14,6 +14,7 @@ import sqlglot
 import sqlglot.errors
 import sqlglot.expressions as exp
 
+from dpsql.diagnose import parse_statements, span
 from dpsql.errors import QueryRejected
 
 __all__ = ["parse_select", "point_at", "reject"]
@@ -31,33 +32,15 @@ def point_at(sql: str, node: exp.Expression | None) -> str:
       SELECT repeat(x, 3) FROM t
              ^^^^^^^^^^^^
     """
-    if node is None:
+    where = None if node is None else span(sql, node)
+    if where is None:
         return ""
-    spans = [(n.meta["start"], n.meta["end"]) for n in node.walk() if "start" in n.meta]
-    if not spans:
-        return ""
-    start = min(s for s, _ in spans)
-    end = max(e for _, e in spans)
-    if isinstance(node, exp.Func):
-        end = max(end, _closing_paren(sql, start))
+    start, end = where
     line_start = sql.rfind("\n", 0, start) + 1
     line_end = sql.find("\n", start)
     line = sql[line_start : line_end if line_end != -1 else len(sql)]
     width = max(1, min(end, line_start + len(line) - 1) - start + 1)
     return f"  {line}\n  {' ' * (start - line_start)}{'^' * width}"
-
-
-def _closing_paren(sql: str, start: int) -> int:
-    """Index of the parenthesis closing the first one opened at or after ``start``."""
-    depth = 0
-    for i in range(start, len(sql)):
-        if sql[i] == "(":
-            depth += 1
-        elif sql[i] == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-    return start
 
 
 def reject(message: str, sql: str, node: exp.Expression | None = None) -> QueryRejected:
@@ -93,10 +76,7 @@ def parse_select(sql: str) -> exp.Select:
         raise QueryRejected(f"the query must be a string of SQL, got {type(sql).__name__}.")
     if not sql.strip():
         raise QueryRejected("the query is empty; send one SELECT statement.")
-    try:
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
-    except sqlglot.errors.SqlglotError as e:
-        raise QueryRejected(f"the query is not valid SQL: {e}") from None
+    statements = parse_statements(sql, read=DIALECT)  # size limits; syntax errors in words
     if len(statements) != 1:
         raise reject(
             f"the query has {len(statements)} statements; send exactly one SELECT statement "

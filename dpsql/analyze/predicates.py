@@ -57,9 +57,11 @@ import sqlglot.expressions as exp
 
 from dpsql import sqltypes
 from dpsql.analyze.parse import reject
+from dpsql.diagnose import quote
 from dpsql.errors import PolicyError
 from dpsql.intervals import ANALYST_CLAMP
 from dpsql.policy import ColumnPolicy
+from dpsql.policy.schema import public_values_problem
 from dpsql.sqltypes import Operand, SqlType
 
 __all__ = [
@@ -173,8 +175,12 @@ class _Checker:
                     self.check_temporal_literal(o.text or "", literal_type, n)
             return sqltypes.common_temporal(typed)
         shown = list(dict.fromkeys("string" if o.type.family == "literal" else o.type.family for o in typed))
+        family = {id(o): "string" if o.type.family == "literal" else o.type.family for o in typed}
+        first = next(quote(self.sql, n) for o, n in zip(operands, nodes) if family.get(id(o)) == shown[0])
+        last = next(quote(self.sql, n) for o, n in zip(operands, nodes) if family.get(id(o)) == shown[-1])
         raise reject(
-            f"cannot compare {_a(shown[0])} with {_a(shown[-1])}: the implicit cast could fail on some rows. "
+            f"cannot compare {_a(shown[0])} with {_a(shown[-1])} ({first} and {last}): the implicit cast "
+            "could fail on some rows. "
             "Compare numbers with numbers, strings with quoted strings, and dates with ISO date "
             "strings such as '2024-01-31'.",
             self.sql,
@@ -289,7 +295,7 @@ class _Checker:
                 isinstance(node, exp.Anonymous) and node.name.lower() in ("least", "greatest", ANALYST_CLAMP)):
             return self.least_greatest(node)
         raise reject(
-            f"{type(node).__name__.upper()} is not allowed in WHERE or GROUP BY: only columns, "
+            f"{quote(self.sql, node)} is not allowed in WHERE or GROUP BY: only columns, "
             "literals, + - * /, ||, ABS, LOWER, UPPER, LENGTH, FLOOR, CEIL, CASE, CAST, EXTRACT, "
             "year() ... second(), LEAST, GREATEST, date_trunc and comparisons are (nothing that can "
             "fail on some rows).",
@@ -570,16 +576,9 @@ def enumerate_key(
 
 
 def check_public_values(table: str, column: ColumnPolicy, dtype: str) -> tuple[object, ...]:
-    """The column's public values, checked against its type so a key never fails to cast."""
-    values = column.public_values or ()
-    fam = family(dtype)
-    expected = {"string": str, "number": (int, float), "boolean": bool}.get(fam)
-    ok = expected is not None and all(
-        isinstance(v, expected) and (fam == "boolean" or not isinstance(v, bool)) for v in values
-    )
-    if not ok:
-        raise PolicyError(
-            f"public_values of column {column.name!r} in table {table!r} do not match its type "
-            f"{dtype}; list values of that type (strings for VARCHAR, numbers for numeric columns)."
-        )
-    return tuple(values)
+    """The column's public values, checked against its type so a key never fails to cast
+    (the same check as ``dpsql policy check --db``)."""
+    problem = public_values_problem(column, dtype)
+    if problem:
+        raise PolicyError(f"table {table!r}, column {column.name!r}: {problem}.")
+    return tuple(column.public_values or ())

@@ -1,9 +1,9 @@
-"""``dpsql audit``: the empirical privacy audit from the command line.
+"""``dpsql audit``: the empirical privacy audit from the command line (its arguments are
+defined in :mod:`dpsql.cli`, so that ``dpsql --help`` does not load scipy).
 
-With ``--db`` and ``--policy`` it audits the data owner's own deployment; without them, the
-synthetic demo database (100,000 rows by default) and ``policies/demo.toml``. With
-``--query`` it audits that query (repeatable); without, every query shape of
-:data:`SHAPES`. Exit code 0: no excess found; 3: some lower bound exceeds its claim; 1: an
+With ``--db``, ``--policy`` and ``--query`` (repeatable) it audits the data owner's own
+deployment on those queries; without them, every query shape of :data:`SHAPES` on the
+synthetic demo database (100,000 rows by default) and ``policies/demo.toml``. Exit code 0: no excess found; 3: some lower bound exceeds its claim; 1: an
 error (nothing audited).
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 from dpsql.connection import Connection
 from dpsql.errors import Error
 
-__all__ = ["SHAPES", "Shape", "add_arguments", "register_demo_udfs", "run_audit"]
+__all__ = ["SHAPES", "Shape", "register_demo_udfs", "run_audit"]
 
 EXCESS_EXIT = 3
 
@@ -72,33 +72,18 @@ def _median_local_sensitivity(values: np.ndarray, k: int) -> float:
     return float(hi - lo)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``dpsql audit``."""
-    parser.add_argument("--db", help="the database D (default: the demo database)")
-    parser.add_argument("--policy", help="the policy (default: policies/demo.toml with the demo database)")
-    parser.add_argument("--query", action="append", metavar="SQL",
-                        help="a query to audit (repeatable; default: every demo shape)")
-    parser.add_argument("--epsilon", type=float, help="epsilon of each run (default 1 for the demo shapes, "
-                        "else the policy's default)")
-    parser.add_argument("--delta", type=float, help="delta of each run (default: the shape's, or 0)")
-    parser.add_argument("--runs", type=int, default=500, help="runs on each database (default 500)")
-    parser.add_argument("--neighbour", help="the neighbouring database D' (default: D plus a generated "
-                        "worst-case unit)")
-    parser.add_argument("--unit-rows", type=int, default=1000, help="rows of the generated unit (default 1000)")
-    parser.add_argument("--unit-groups", type=int, default=20, help="groups of the generated unit (default 20)")
-    parser.add_argument("--confidence", type=float, default=0.95, help="of each lower bound (default 0.95)")
-    parser.add_argument("--rows", type=int, default=100_000, help="rows of the demo database (default 100000)")
-    parser.add_argument("--histogram", metavar="FILE.png",
-                        help="draw each audit's answers on D and D' (needs matplotlib); with several "
-                        "queries, FILE-1.png, FILE-2.png, ...")
-
-
 def run_audit(args: argparse.Namespace, demo_database: Callable[[int], Path], demo_policy: Callable[[], object]) -> int:
     """Run the audits the arguments ask for and print a report; the exit code says the verdict."""
     from dpsql.audit import AuditReport, audit  # noqa: PLC0415 - scipy loads slowly
 
     if (args.db is None) != (args.policy is None):
         raise Error("give both --db and --policy (your deployment), or neither (the demo database)")
+    if args.db is not None and not args.query:
+        raise Error("name the queries to audit on your database with --query SQL (repeatable); the "
+                    "built-in query shapes read the demo database's tables, so they run only without --db.")
+    for option, path in (("--db", args.db), ("--neighbour", args.neighbour)):
+        if path is not None and not Path(path).is_file():
+            raise Error(f"{option} {path!r}: no such database file; pass the path of an existing DuckDB file.")
     database = Path(args.db) if args.db else demo_database(args.rows)
     policy = args.policy if args.policy else demo_policy()
     shapes = [Shape(f"query {i}", q, args.epsilon, args.delta or 0.0) for i, q in enumerate(args.query or (), 1)]

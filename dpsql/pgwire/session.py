@@ -29,6 +29,7 @@ from dpsql import errors
 from dpsql.errors import AuthenticationError, Error
 from dpsql.pgwire import catalog as cat
 from dpsql.pgwire import messages as m
+from dpsql.display import with_intervals
 from dpsql.pgwire import statements as st
 from dpsql.pgwire.scram import FAILED, ScramExchange
 
@@ -654,19 +655,8 @@ def _table_outcome(table: pa.Table, tag: str | None = None) -> Outcome:
 
 
 def _with_intervals(result: Result) -> pa.Table:
-    """The result with a ``<column>_ci95`` column after each noisy column."""
-    table = result.arrow()
-    columns, names = [], []
-    for name in table.column_names:
-        columns.append(table[name])
-        names.append(name)
-        protection = result.privacy.columns.get(name)
-        if protection is not None and protection.mechanism != "public" and name in result.accuracy:
-            cells = [None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-                     for v in result.accuracy.cells(name)]
-            columns.append(pa.array(cells, pa.float64()))
-            names.append(f"{name}_ci95")
-    return pa.Table.from_arrays(columns, names=names)
+    """The result with a ``<column>_ci95`` column after each noisy column (as ``res.df(accuracy=True)``)."""
+    return with_intervals(result)
 
 
 def _number(value: str | None) -> float | None:

@@ -36,7 +36,9 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
+from dpsql import params
 from dpsql.errors import Error, QueryRejected
+from dpsql.params import bind_tree
 from dpsql.pgwire import messages as m
 
 __all__ = ["Hint", "Statement", "bind", "decode_binary", "hint_of", "split"]
@@ -46,7 +48,7 @@ _SESSION_WORDS = {"SET", "SHOW", "RESET", "BEGIN", "START", "COMMIT", "END", "RO
                   "SAVEPOINT", "RELEASE", "DISCARD", "DEALLOCATE", "EXPLAIN"}
 
 
-class BadParameter(Error):
+class BadParameter(params.BadParameter):
     """A bound parameter that is not a value of its declared type (SQLSTATE 22P02)."""
 
 
@@ -178,7 +180,8 @@ def parameter_count(sql: str) -> int:
 
 
 def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
-    """``sql`` with ``$1``... replaced by literal nodes built from ``values``."""
+    """``sql`` with ``$1``... replaced by literal nodes built from ``values`` (the one binding
+    of :func:`dpsql.params.bind_tree`, with Postgres's typed text values)."""
     if not values:
         return sql
     try:
@@ -186,21 +189,14 @@ def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
     except (ParseError, TokenError) as exc:
         raise SyntaxProblem(f"the statement does not parse: {str(exc).splitlines()[0]}") from None
 
-    def replace(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, (exp.Placeholder, exp.Parameter)):
-            index = _placeholder_index(node)
-            if index is None or not 1 <= index <= len(values):
-                raise BadParameter(f"the statement uses parameter ${index} but {len(values)} were bound.")
-            oid = oids[index - 1] if index - 1 < len(oids) else 0
-            return literal(values[index - 1], oid, index)
-        return node
+    def literal_for(index: int) -> exp.Expression:
+        return literal(values[index - 1], oids[index - 1] if index - 1 < len(oids) else 0, index)
 
-    return tree.transform(replace).sql(dialect=DIALECT)
-
-
-def _placeholder_index(node: exp.Expression) -> int | None:
-    text = str(node.this.this if isinstance(node.this, exp.Expression) else node.this or node.name)
-    return int(text) if text.isdigit() else None
+    try:
+        bound = bind_tree(tree, len(values), literal_for, all_used=False)
+    except params.BadParameter as exc:
+        raise exc if isinstance(exc, BadParameter) else BadParameter(str(exc)) from None
+    return bound.sql(dialect=DIALECT)
 
 
 def literal(value: str | None, oid: int, index: int) -> exp.Expression:

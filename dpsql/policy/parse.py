@@ -359,17 +359,33 @@ def _private_table(
                     f"without privacy_unit each row is its own privacy unit, so {key} is 1; "
                     f'set privacy_unit = "<column>" or remove {key}'
                 )
+        _check_filter_columns(where, columns)
         return TablePolicy(name, False, None, 1, 1, columns)
     if not isinstance(unit, str) or not unit:
         raise where.error(
             f'privacy_unit must be a column name such as "user_id", got {_show(unit)}'
         )
     _check_unit_column(where, unit, columns)
+    _check_filter_columns(where, columns)
     groups = _positive_int(where, body, "max_groups_per_unit")
     rows = _positive_int(where, body, "max_rows_per_unit")
     return TablePolicy(name, False, unit, groups, rows, columns)
 
 
+def _check_filter_columns(where: _Where, columns: Mapping[str, ColumnPolicy]) -> None:
+    """A filter-only column is never aggregated or grouped: bounds or public_values on it
+    would never be used (a query would refuse SUM of it as having no bounds), so the
+    policy says two things at once. (The unit column is checked before, with its own rule.)"""
+    for column in columns.values():
+        if column.access != "filter" or (column.bounds is None and column.public_values is None):
+            continue
+        what = "bounds" if column.bounds is not None else "public_values"
+        use = ('access = "aggregate" (the default with bounds) to let queries sum and average it'
+               if what == "bounds" else 'access = "group" (the default with public_values) to group by it')
+        raise dataclasses.replace(where, column=column.name).error(
+            f'access = "filter" (only in WHERE) and {what} contradict each other: a filter column is never '
+            f"{'aggregated' if what == 'bounds' else 'grouped'}. Remove {what}, or use {use}"
+        )
 def _linked_table(
     where: _Where, name: str, body: Mapping[str, Any], columns: dict[str, ColumnPolicy]
 ) -> TablePolicy:

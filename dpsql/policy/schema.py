@@ -1,5 +1,6 @@
 """Check a loaded policy against the database: every table, privacy unit and listed column
-must exist, and bounded columns must be numeric."""
+must exist, bounded columns must be numeric, and public_values must be values of the
+column's type (what a query would otherwise refuse later)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Mapping
 from dpsql.errors import PolicyError
 from dpsql.policy.model import ColumnPolicy, Policy, TablePolicy
 
-__all__ = ["check_against_schema"]
+__all__ = ["check_against_schema", "public_values_problem"]
 
 _NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common aliases
     r"U?(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|INT[1248]?|LONG|SHORT"
@@ -100,4 +101,34 @@ def _column_problem(table: TablePolicy, column: ColumnPolicy, columns: Mapping[s
             f"{place}: bounds need a numeric column, but it is {kind}; remove bounds "
             '(use access = "group" or public_values instead)'
         )
-    return ""
+    problem = public_values_problem(column, kind)
+    return f"{place}: {problem}" if problem else ""
+
+
+def public_values_problem(column: ColumnPolicy, dtype: str) -> str:
+    """Why the column's public_values are not all values of its type ``dtype``, or ``""``.
+
+    Strings for text columns, numbers for numeric ones, booleans for BOOLEAN; other types
+    (dates among them) cannot have public_values yet.
+
+    >>> from dpsql.policy.model import ColumnPolicy
+    >>> public_values_problem(ColumnPolicy("kind", "group", None, (1, 2)), "VARCHAR")
+    'public_values [1, 2] do not match its type VARCHAR: list strings, e.g. ["a", "b"]'
+    """
+    from dpsql.sqltypes import parse_type  # noqa: PLC0415 - loads sqlglot
+
+    values = column.public_values
+    if values is None:
+        return ""
+    family = parse_type(dtype).family
+    expected = {"string": str, "number": (int, float), "boolean": bool}.get(family)
+    if expected is not None and all(
+        isinstance(v, expected) and (family == "boolean" or not isinstance(v, bool)) for v in values
+    ):
+        return ""
+    shown = "[" + ", ".join(repr(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+                            for v in values[:4]) + (", ...]" if len(values) > 4 else "]")
+    fix = {"string": 'list strings, e.g. ["a", "b"]', "number": "list numbers, e.g. [1, 2]",
+           "boolean": "list true and false"}.get(
+        family, 'a column of this type cannot have public_values; use access = "group" (partition selection)')
+    return f"public_values {shown} do not match its type {dtype}: {fix}"

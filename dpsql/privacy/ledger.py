@@ -210,6 +210,12 @@ class Ledger:
             rows = self._records(analyst)
         return [_record(row) for row in rows]
 
+    def analysts(self) -> list[str]:
+        """Every analyst with a charge in the ledger, sorted."""
+        with self._locked():
+            rows = self._conn.execute("SELECT DISTINCT analyst FROM events ORDER BY analyst").fetchall()
+        return [row[0] for row in rows]
+
     def close(self) -> None:
         """Close the database connection. Closing twice is harmless."""
         with self._lock:

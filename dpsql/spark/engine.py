@@ -106,7 +106,7 @@ class SparkEngine:
         self._lock = threading.Lock()
         self._running = threading.Event()
         self._group = f"dpsql-{uuid.uuid4().hex}"
-        self._version = f"owner:{data_version}" if data_version is not None else "spark"
+        self._files: list[str] = []
         self._refs: dict[str, exp.Table] = {}
         self._schema: dict[str, dict[str, str]] = {}
         self._columns: dict[str, list[str]] = {}
@@ -116,6 +116,7 @@ class SparkEngine:
             for name, source in tables.items():
                 self._add_source(name, source)
         self._allowed = frozenset(table_key(ref) for ref in self._refs.values())
+        self._version = _version(self._files, data_version)
 
     # -- the tables ---------------------------------------------------------------------
     def _add_catalog(self) -> None:
@@ -146,7 +147,9 @@ class SparkEngine:
                 raise Error(f"the DataFrame given for table {name!r} belongs to another SparkSession; "
                             "pass DataFrames of the session dpsql runs on.")
         else:
-            frame = self._read(name, os.fspath(source))
+            path = os.fspath(source)
+            frame = self._read(name, path)
+            self._files.extend(_identities(path))
         hidden = f"__dpsql_{uuid.uuid4().hex[:12]}_{name}"
         frame.createOrReplaceTempView(hidden)
         self._register(name, exp.table_(exp.to_identifier(hidden, quoted=True)))
@@ -228,7 +231,9 @@ class SparkEngine:
                 context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
 
     def data_version(self) -> str:
-        """The owner's ``data_version``, else a constant: Spark data is named by its owner."""
+        """A name for the data that is not read from it: the identity of the source files
+        given as paths (taken at open), and the owner's ``data_version``; a session's own
+        tables and DataFrames are named by the owner alone (a constant without one)."""
         return self._version
 
     def row_counts(self) -> dict[str, int]:
@@ -254,3 +259,30 @@ class SparkEngine:
     def close(self) -> None:
         if self._owned:
             self._session.stop()
+
+
+def _identities(path: str) -> list[str]:
+    """(path, device, inode, size, modification time) of every file under ``path``: local
+    files only (a cluster path, hdfs:// or s3://, has none here and is named by the owner)."""
+    import glob
+
+    if os.path.isdir(path):
+        files = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
+    else:
+        files = [f for f in glob.glob(path) if os.path.isfile(f)]
+    out = []
+    for f in sorted(files):
+        info = os.stat(f)
+        out.append(f"{os.path.abspath(f)}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
+    return out
+
+
+def _version(files: list[str], owner: str | None) -> str:
+    import hashlib
+
+    parts = []
+    if files:
+        parts.append("files:" + hashlib.sha256("\n".join(files).encode()).hexdigest()[:32])
+    if owner is not None:
+        parts.append(f"owner:{owner}")
+    return ":".join(parts) or "spark"

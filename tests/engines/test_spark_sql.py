@@ -203,3 +203,16 @@ region = { public_values = ["north", "south"] }
     assert "north" in capsys.readouterr().out
     assert main(["query", "--engine", "spark", "--db", "x.duckdb", "--policy", str(policy), "SELECT 1"]) != 0
     assert "--engine spark reads the policy's" in capsys.readouterr().err
+
+
+def test_data_version_follows_source_files(spark, tmp_path: Path) -> None:
+    """Free repeats are keyed on the data version: a changed source file changes it."""
+    from dpsql.spark import SparkEngine
+
+    folder = tmp_path / "v"
+    spark.createDataFrame([(1,)], "u BIGINT").write.parquet(str(folder))
+    first = SparkEngine(spark, tables={"v": folder}).data_version()
+    assert first.startswith("files:") and SparkEngine(spark, tables={"v": folder}).data_version() == first
+    spark.createDataFrame([(1,), (2,)], "u BIGINT").write.mode("overwrite").parquet(str(folder))
+    assert SparkEngine(spark, tables={"v": folder}).data_version() != first
+    assert SparkEngine(spark, data_version="2024-06").data_version() == "owner:2024-06"
