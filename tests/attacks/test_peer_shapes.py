@@ -168,3 +168,88 @@ def test_min_max_read_one_value_per_unit_and_group(pair, sql: str) -> None:  # t
         extra = [r for r in after if r not in before]
         assert len(extra) <= 2, extra
         assert len({tuple(v for k, v in r.items() if k.startswith("__g")) for r in extra}) == len(extra)
+
+
+# -- derived tables and privacy links ------------------------------------------------------------
+
+LINK_POLICY = policy("""
+[tables.customers]
+privacy_unit = "c"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.customers.columns]
+segment = { public_values = ["a", "b"] }
+
+[tables.orders]
+privacy_unit = "c"
+max_groups_per_unit = 2
+max_rows_per_unit = 3
+[tables.orders.columns]
+id = { access = "filter" }
+status = { public_values = ["F", "O"] }
+amount = { bounds = [0, 100] }
+
+[tables.items]
+privacy_link = { column = "order_id", references = "orders.id" }
+max_groups_per_unit = 2
+max_rows_per_unit = 4
+[tables.items.columns]
+order_id = { access = "filter" }
+qty = { bounds = [0, 10] }
+""")
+
+CUSTOMERS = [(i, "ab"[i % 2]) for i in range(40)]
+ORDERS = [(i, i % 40, "FO"[i % 2], float(i % 50)) for i in range(120)]
+ITEMS = [(i % 120, float(i % 7)) for i in range(400)]
+#: the target customer 999: 30 orders of 1e9 and 300 items of 1e6 on them
+TARGET_CUSTOMER = [(999, "a")]
+TARGET_ORDERS = [(1000 + k, 999, "F", 1e9) for k in range(30)]
+TARGET_ITEMS = [(1000 + k % 30, 1e6) for k in range(300)]
+
+
+@pytest.fixture(scope="module")
+def linked(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("linked")
+
+    def build(name: str, target: bool):  # type: ignore[no-untyped-def]
+        return make_db(root / name, {
+            "customers": ("c BIGINT, segment VARCHAR", CUSTOMERS + (TARGET_CUSTOMER if target else [])),
+            "orders": ("id BIGINT, c BIGINT, status VARCHAR, amount DOUBLE", ORDERS + (TARGET_ORDERS if target else [])),
+            "items": ("order_id BIGINT, qty DOUBLE", ITEMS + (TARGET_ITEMS if target else [])),
+        })
+
+    with connect(build("d.duckdb", False), LINK_POLICY) as a, connect(build("dp.duckdb", True), LINK_POLICY) as b:
+        yield a, b
+
+
+@pytest.mark.parametrize(("sql", "rows", "groups", "bounds"), [
+    # items reach their unit through orders: the items table's own caps bound a unit's rows
+    ("SELECT COUNT(*), SUM(qty) FROM items", 4, 1, {"qty": (0, 10)}),
+    ("SELECT COUNT(*), AVG(qty) FROM items WHERE qty > 1", 4, 1, {"qty": (0, 10)}),
+    # joined to its parent on the link: a unit join (rows: the product of the caps, 3 x 4)
+    ("SELECT o.status, SUM(i.qty) FROM orders o JOIN items i ON i.order_id = o.id GROUP BY o.status", 12, 2,
+     {"qty": (0, 10)}),
+    ("SELECT COUNT(*) FROM customers c JOIN orders o ON o.c = c.c JOIN items i ON i.order_id = o.id", 12, 2, {}),
+    # per-unit pre-aggregation: one derived row per unit, COUNT in [0, 3], SUM(amount) in 3 x [0, 100]
+    ("SELECT AVG(n), SUM(t) FROM (SELECT c, COUNT(*) AS n, SUM(amount) AS t FROM orders GROUP BY c) AS d", 3, 2,
+     {"n": (0, 3), "t": (0, 300)}),
+    ("SELECT status, SUM(t) FROM (SELECT c, status, SUM(amount) AS t FROM orders GROUP BY c, status) AS d GROUP BY status",
+     3, 2, {"t": (0, 300)}),
+])
+def test_links_and_derived_tables_are_bounded_per_unit(linked, sql: str, rows: int, groups: int,  # type: ignore[no-untyped-def]
+                                                        bounds: dict[str, tuple[float, float]]) -> None:
+    """D' adds one customer with 30 orders of 1e9 and 300 items of 1e6: whatever reaches it
+    through a link or a derived table moves each measurement by at most the caps times the
+    derived bounds."""
+    assert_neighbour_bounded(*linked, sql, rows=rows, groups=groups, bounds=bounds)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT AVG(n) FROM (SELECT status, COUNT(*) AS n FROM orders GROUP BY status) AS d",  # not per unit
+    "SELECT COUNT(*) FROM items i JOIN orders o ON i.qty = o.amount",  # not the link key
+    "SELECT COUNT(*) FROM items a JOIN items b ON a.qty = b.qty",
+    "SELECT SUM(n) FROM (SELECT c, COUNT(*) AS n FROM orders GROUP BY c HAVING COUNT(*) > 1) AS d",
+])
+def test_what_would_mix_units_stays_refused(linked, sql: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises((dpsql.QueryRejected, dpsql.PolicyViolation)):
+        linked[1].execute(sql, epsilon=1.0, delta=1e-6)
