@@ -198,13 +198,13 @@ order_id = { access = "filter" }
 qty = { bounds = [0, 10] }
 """)
 
-CUSTOMERS = [(i, "ab"[i % 2]) for i in range(40)]
-ORDERS = [(i, i % 40, "FO"[i % 2], float(i % 50)) for i in range(120)]
-ITEMS = [(i % 120, float(i % 7)) for i in range(400)]
+LINK_CUSTOMERS = [(i, "ab"[i % 2]) for i in range(40)]
+LINK_ORDERS = [(i, i % 40, "FO"[i % 2], float(i % 50)) for i in range(120)]
+LINK_ITEMS = [(i % 120, float(i % 7)) for i in range(400)]
 #: the target customer 999: 30 orders of 1e9 and 300 items of 1e6 on them
-TARGET_CUSTOMER = [(999, "a")]
-TARGET_ORDERS = [(1000 + k, 999, "F", 1e9) for k in range(30)]
-TARGET_ITEMS = [(1000 + k % 30, 1e6) for k in range(300)]
+LINK_TARGET_CUSTOMER = [(999, "a")]
+LINK_TARGET_ORDERS = [(1000 + k, 999, "F", 1e9) for k in range(30)]
+LINK_TARGET_ITEMS = [(1000 + k % 30, 1e6) for k in range(300)]
 
 
 @pytest.fixture(scope="module")
@@ -213,9 +213,9 @@ def linked(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
     def build(name: str, target: bool):  # type: ignore[no-untyped-def]
         return make_db(root / name, {
-            "customers": ("c BIGINT, segment VARCHAR", CUSTOMERS + (TARGET_CUSTOMER if target else [])),
-            "orders": ("id BIGINT, c BIGINT, status VARCHAR, amount DOUBLE", ORDERS + (TARGET_ORDERS if target else [])),
-            "items": ("order_id BIGINT, qty DOUBLE", ITEMS + (TARGET_ITEMS if target else [])),
+            "customers": ("c BIGINT, segment VARCHAR", LINK_CUSTOMERS + (LINK_TARGET_CUSTOMER if target else [])),
+            "orders": ("id BIGINT, c BIGINT, status VARCHAR, amount DOUBLE", LINK_ORDERS + (LINK_TARGET_ORDERS if target else [])),
+            "items": ("order_id BIGINT, qty DOUBLE", LINK_ITEMS + (LINK_TARGET_ITEMS if target else [])),
         })
 
     with connect(build("d.duckdb", False), LINK_POLICY) as a, connect(build("dp.duckdb", True), LINK_POLICY) as b:
