@@ -240,7 +240,8 @@ def run_query(args: argparse.Namespace) -> int:
             "does not carry over to the next command. Pass --ledger FILE to keep it.",
             file=sys.stderr,
         )
-    _check_database_file(args.db)
+    if args.db is not None and args.engine == "duckdb":  # without --db: the policy's sources
+        _check_database_file(args.db)
     from dpsql.datasources import cli_database  # noqa: PLC0415 - loads pyspark only for --engine spark
 
     with dpsql.connect(cli_database(args), policy=args.policy, analyst=args.analyst, ledger=args.ledger) as conn:
