@@ -198,6 +198,47 @@ def unwrap_try(node: exp.Expression) -> exp.Expression:
     return node
 
 
+#: DuckDB's date parts (all BIGINT) in Spark: the same numbers, by name or by a formula.
+_SPARK_PARTS = {
+    "year": "YEAR", "quarter": "QUARTER", "month": "MONTH", "week": "WEEK", "day": "DAY", "hour": "HOUR",
+    "minute": "MINUTE", "isodow": "DAYOFWEEK_ISO", "dayofyear": "DOY", "doy": "DOY", "isoyear": "YEAROFWEEK",
+}
+
+
+def date_parts(node: exp.Expression) -> exp.Expression:
+    """DuckDB's ``date_part(part, x)`` -> Spark's, as a BIGINT with DuckDB's numbering:
+    ``second`` without its fraction, ``dayofweek``/``dow`` from Sunday = 0, ``decade``,
+    ``century`` and ``yearweek`` computed. Others (``epoch``) stay as they are and the
+    allow-list refuses them (a charged failure on every database alike)."""
+    if not (_is_fn(node, "date_part") and len(node.expressions) == 2):
+        return node
+    part_node, value = node.expressions
+    if not (isinstance(part_node, exp.Literal) and part_node.is_string):
+        return node
+    part = part_node.this.casefold()
+
+    def spark_part(name: str) -> exp.Expression:
+        return _fn("date_part", exp.Literal.string(name), value.copy())
+
+    bigint = exp.DataType.build("BIGINT")
+    if part in _SPARK_PARTS:
+        return exp.cast(spark_part(_SPARK_PARTS[part]), bigint)
+    if part == "second":
+        return exp.cast(exp.Floor(this=spark_part("SECOND")), bigint)
+    if part in ("dayofweek", "dow"):
+        return exp.cast(exp.Sub(this=spark_part("DAYOFWEEK"), expression=exp.Literal.number(1)), bigint)
+    year = exp.cast(spark_part("YEAR"), bigint)
+    if part == "decade":
+        return exp.IntDiv(this=year, expression=exp.Literal.number(10))
+    if part == "century":
+        return exp.IntDiv(this=exp.Add(this=year, expression=exp.Literal.number(99)), expression=exp.Literal.number(100))
+    if part == "yearweek":
+        iso_year = exp.cast(spark_part("YEAROFWEEK"), bigint)
+        week = exp.cast(spark_part("WEEK"), bigint)
+        return exp.Add(this=exp.Mul(this=iso_year, expression=exp.Literal.number(100)), expression=week)
+    return node
+
+
 _TIMESTAMP_EDGES = {"infinity": "9999-12-31 23:59:59.999999", "-infinity": "0001-01-01 00:00:00"}
 
 
@@ -243,6 +284,7 @@ def spark_types(node: exp.Expression) -> exp.Expression:
 RULES: tuple[Callable[[exp.Expression], exp.Expression], ...] = (
     total_division,
     double_rounding,
+    date_parts,
     keyed_hash,
     exact_sums,
     exact_shift,
@@ -285,7 +327,7 @@ def to_spark(tree: exp.Expression) -> exp.Expression:
 ALLOWED_FUNCTIONS = frozenset({
     "xxhash64", "least", "greatest", "min_by", "size", "try_element_at", "pmod", "isnan",
     "dense_rank", "row_number", "date_trunc", "abs", "lower", "upper", "length", "floor", "ceil",
-    "round", "coalesce", "count", "sum", "min", "max", "concat",
+    "round", "coalesce", "count", "sum", "min", "max", "concat", "date_part",
 })
 
 _ALLOWED_NODES = (
