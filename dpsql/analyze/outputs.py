@@ -308,7 +308,10 @@ def _argument(ctx: Context, arg: exp.Expression, node: exp.Expression, needs_bou
             f"aggregates cannot be nested ({_source_text(node)}): aggregate each unit's rows in a subquery "
             "first, e.g. SELECT SUM(s) FROM (SELECT unit, SUM(x) AS s FROM t GROUP BY unit) AS per_unit.",
             ctx.sql, node)
-    compiled, family = predicates.check_key(ctx.sql, arg, lambda column: _column(ctx, column))
+    try:
+        compiled, family = predicates.check_key(ctx.sql, arg, lambda column: _column(ctx, column))
+    except QueryRejected as e:  # the row grammar's message speaks of WHERE and GROUP BY
+        raise QueryRejected(str(e).replace("in WHERE or GROUP BY", "in WHERE, GROUP BY or an aggregate's argument", 1)) from None
     text = _source_text(arg)
     if not needs_bounds:
         return Computed(ColumnPolicy(f"expr:{text}", "filter"), _ENGINE_TYPES.get(family, "VARCHAR"), compiled,
