@@ -50,6 +50,7 @@ would serve as well (measured: no difference in planning time, see
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping
 
 import sqlglot
@@ -86,15 +87,39 @@ def keyed_hash(node: exp.Expression) -> exp.Expression:
     a plain ``hash(args)`` -> ``xxhash64(args)``."""
     if not _is_fn(node, "hash"):
         return node
-    args = list(node.expressions)
-    if len(args) == 1 and isinstance(args[0], exp.Xor | exp.BitwiseXor):
-        inner, salt = args[0].this, args[0].expression
+    args = [_whole_row(a) for a in node.expressions]
+    xor = args[0] if len(args) == 1 else None
+    if _is_fn(xor, "xor") and len(xor.expressions) == 2:  # type: ignore[union-attr]
+        xor = exp.BitwiseXor(this=xor.expressions[0], expression=xor.expressions[1])  # type: ignore[union-attr]
+    if isinstance(xor, exp.Xor | exp.BitwiseXor):
+        inner, salt = xor.this, xor.expression
         if _is_fn(inner, "hash", "xxhash64"):
             if isinstance(salt, exp.Cast):
                 salt = salt.this
             salt = exp.cast(salt, exp.DataType.build("BIGINT"))
             return _fn("xxhash64", salt, *inner.expressions)
     return _fn("xxhash64", *args)
+
+
+def _whole_row(node: exp.Expression) -> exp.Expression:
+    """``hash("__t")``, DuckDB's hash of a whole row of the source aliased ``__t`` (the row id
+    of a derived source), is ``xxhash64(__t.*)`` in Spark."""
+    if isinstance(node, exp.Column) and not node.table and re.fullmatch(r"__t\d*", node.name):
+        return exp.Column(this=exp.Star(), table=exp.to_identifier(node.name, quoted=True))
+    return node
+
+
+def long_literals(node: exp.Expression) -> exp.Expression:
+    """A number of more than 38 digits (Spark's parser refuses it): its text, cast as DuckDB
+    would read it (``TRY_CAST('1e39...' AS t)`` is then NULL or the double it names)."""
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        return node
+    if sum(c.isdigit() for c in node.this) <= 38:
+        return node
+    text = exp.Literal.string(node.this)
+    if isinstance(node.parent, exp.Cast):
+        return text
+    return exp.TryCast(this=text, to=exp.DataType.build("DOUBLE"))
 
 
 def exact_sums(node: exp.Expression) -> exp.Expression:
@@ -105,7 +130,9 @@ def exact_sums(node: exp.Expression) -> exp.Expression:
     inner = node.this
     if isinstance(inner, exp.Sum):
         return exp.Sum(this=exp.Cast(this=inner.this, to=_decimal()))
-    return exp.Cast(this=inner, to=_decimal())
+    # a TRY_CAST stays one: a HUGEINT literal beyond DECIMAL(38,0)'s 10^38 becomes NULL, where an
+    # ANSI CAST would raise (no Spark column holds such a value, so no comparison changes)
+    return node.__class__(this=inner, to=_decimal())
 
 
 def _exact_quotient(numerator: exp.Expression, divisor: exp.Expression) -> exp.Expression:
@@ -279,11 +306,20 @@ def spark_types(node: exp.Expression) -> exp.Expression:
 
 
 #: The passes, in order. Each takes a node and returns it or its replacement.
+def safe_casts(node: exp.Expression) -> exp.Expression:
+    """Every TRY_CAST is written as Spark's TRY_CAST: sqlglot writes a TryCast node without
+    its ``safe`` flag as a plain CAST, which raises in ANSI mode where DuckDB's gives NULL."""
+    if isinstance(node, exp.TryCast) and not node.args.get("safe"):
+        node.set("safe", True)
+    return node
+
+
 #: ``total_division`` and ``double_rounding`` come first: they are for the analyst's DOUBLE
 #: arithmetic, and must not touch the exact DECIMAL divisions the passes after them build.
 RULES: tuple[Callable[[exp.Expression], exp.Expression], ...] = (
     total_division,
     double_rounding,
+    long_literals,
     date_parts,
     keyed_hash,
     exact_sums,
@@ -294,6 +330,7 @@ RULES: tuple[Callable[[exp.Expression], exp.Expression], ...] = (
     finite_timestamps,
     like_escape,
     spark_types,
+    safe_casts,
 )
 
 
@@ -331,7 +368,8 @@ ALLOWED_FUNCTIONS = frozenset({
 })
 
 _ALLOWED_NODES = (
-    exp.Anonymous, exp.Count, exp.Sum, exp.Min, exp.Max, exp.Coalesce, exp.Round, exp.Abs, exp.Lower,
+    exp.Anonymous, exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg, exp.Stddev, exp.StddevPop, exp.StddevSamp,
+    exp.Variance, exp.VariancePop, exp.Coalesce, exp.Round, exp.Abs, exp.Lower,
     exp.Upper, exp.Length, exp.Floor, exp.Ceil, exp.IsNan, exp.RowNumber, exp.DenseRank, exp.TimestampTrunc,
     exp.DateTrunc, exp.Greatest, exp.Least, exp.Cast, exp.TryCast, exp.Case, exp.If, exp.DPipe,
 )

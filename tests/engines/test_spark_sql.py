@@ -216,3 +216,18 @@ def test_data_version_follows_source_files(spark, tmp_path: Path) -> None:
     spark.createDataFrame([(1,), (2,)], "u BIGINT").write.mode("overwrite").parquet(str(folder))
     assert SparkEngine(spark, tables={"v": folder}).data_version() != first
     assert SparkEngine(spark, data_version="2024-06").data_version() == "owner:2024-06"
+
+
+@pytest.mark.parametrize(("duckdb_sql", "spark_sql"), [
+    # the keyed hash, with the xor as DuckDB's function, over a derived source's whole row
+    ('SELECT HASH(XOR(HASH("__t"."u", HASH("__t")), CAST(5 AS UBIGINT))) FROM x AS "__t"',
+     "SELECT XXHASH64(CAST(5 AS BIGINT), `__t`.`u`, XXHASH64(`__t`.*)) FROM x AS `__t`"),
+    # a TRY_CAST stays one (sqlglot writes a TryCast without its safe flag as CAST: an ANSI error)
+    ("SELECT TRY_CAST(f AS BIGINT) FROM x", "SELECT TRY_CAST(f AS BIGINT) FROM x"),
+    # numbers past 38 digits, which Spark's parser refuses, become text cast as DuckDB reads them
+    ("SELECT TRY_CAST('1e39' AS DOUBLE) IN (TRY_CAST(170141183460469231731687303715884105728 AS INT128)) FROM x",
+     "SELECT TRY_CAST('1e39' AS DOUBLE) IN (TRY_CAST('170141183460469231731687303715884105728' AS DECIMAL(38, 0))) "
+     "FROM x"),
+])
+def test_translation_rules(duckdb_sql: str, spark_sql: str) -> None:
+    assert _translated(duckdb_sql) == spark_sql
