@@ -40,7 +40,8 @@ import pyarrow as pa
 
 from dpsql.analyze.calibrate import square_offset
 from dpsql.noise import RandomSource
-from dpsql.plan import Aggregate, Measurement, QueryPlan, ValueRelease
+from dpsql.errors import QueryRejected
+from dpsql.plan import Aggregate, GroupKey, Measurement, QueryPlan, ValueRelease
 from dpsql.release.spread import spread_half_widths, stddev_half_width
 from dpsql.release.udf import UDFRelease
 from dpsql.release.values import key_tuples, release_values
@@ -307,13 +308,25 @@ _ARROW_TYPES = {
 }
 
 
+def _key_type(key: GroupKey) -> pa.DataType:
+    """A key's Arrow type: its public values' (refused, before any data is read, when they
+    do not fit one Arrow type, e.g. 2**64 - 1 from a CASE), else its type family's."""
+    if not key.public_values:
+        return _ARROW_TYPES.get(key.family, pa.string())
+    try:
+        return pa.array(list(key.public_values)).type
+    except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
+        raise QueryRejected(
+            f"the GROUP BY key {key.expression.sql(dialect='duckdb')[:120]} has values that do not fit one "
+            "64-bit column type (such as 18446744073709551615 next to negative numbers); group by an "
+            "expression with smaller values."
+        ) from None
+
+
 def noisy_schema(plan: QueryPlan) -> pa.Schema:
     """The schema :func:`noisy_table` produces, known before any data is read (a private
     key's type is its type family's Arrow type, close enough to check the output query)."""
-    fields = [
-        pa.field(k.name, pa.array(list(k.public_values)).type if k.public_values else _ARROW_TYPES.get(k.family, pa.string()))
-        for k in plan.group_keys
-    ]
+    fields = [pa.field(k.name, _key_type(k)) for k in plan.group_keys]
     for agg in plan.aggregates:
         kind = pa.int64() if agg.function in ("count", "count_distinct") else pa.float64()  # value: float
         fields += [pa.field(agg.name, kind), pa.field(f"__hw{agg.name}", pa.float64())]

@@ -338,3 +338,17 @@ def test_the_speed_model_can_be_pinned_in_the_policy() -> None:
         policy(TABLES + "\n[server]\ndeadline_base_ms = 20\n")
     with pytest.raises(dpsql.PolicyError, match="deadline_ms must be a positive"):
         policy(TABLES + "\n[server]\ndeadline_ms = -1\n")
+
+
+def test_a_key_whose_values_fit_no_arrow_type_is_refused_before_any_data() -> None:
+    """Found by the 10,000-query totality run: a CASE key of 2**64 - 1 crashed the planner
+    with a raw OverflowError (no data involved, but a crash); now a clear refusal."""
+    pol = policy('[tables.t]\nprivacy_unit = "u"\nmax_groups_per_unit = 1\nmax_rows_per_unit = 1\n'
+                 '[tables.t.columns]\nflag = { public_values = [true, false] }\n')
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT range AS u, range % 2 = 0 AS flag FROM range(10)")
+    with connect(con, pol) as conn:
+        with pytest.raises(dpsql.QueryRejected, match="do not fit one 64-bit column type"):
+            conn.execute("SELECT CASE WHEN flag THEN 18446744073709551615 ELSE -1 END AS k, COUNT(*) FROM t "
+                         "GROUP BY CASE WHEN flag THEN 18446744073709551615 ELSE -1 END", epsilon=0.5)
+        assert conn.budget().queries == 0
