@@ -55,7 +55,7 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from dpsql.privacy import BudgetStatus, Ledger
+from dpsql.privacy import BudgetStatus, Charge, Ledger
 from dpsql.analyze import analyze, resolve_budget
 from dpsql.normalize import check_dialect, query_budget
 from dpsql.normalize import without_options as _without_options
@@ -358,15 +358,10 @@ class Connection:
         at the rest: one charge for both, before any data is read; no repeat store."""
         from dataclasses import replace as _replace  # noqa: PLC0415
 
-        from dpsql.privacy import Charge  # noqa: PLC0415
-
         base = charge_of(plan, sql)
         share = plan.epsilon * BIAS_SHARE / (1 - BIAS_SHARE)
         charge = Charge(base.epsilon + share, base.delta, sql, (*base.mechanisms, bias_mechanism(plan, share)))
-        self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)  # before any data
-        noisy, report = self._read(plan)
-        table, cells = self._post.run(plan, noisy)
-        result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
+        result, _, _ = self._charge_and_answer(plan, sql, charge)
         try:
             estimate = estimate_dropped(plan, self._engine, share, self._source)
         except Exception as exc:  # noqa: BLE001 - charged: the one fixed failure, as in _read
@@ -398,12 +393,8 @@ class Connection:
         return self._answers.get(self._repeat_key(plan, sql), self._anchor()) is not None
 
     def _execute(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
-        budget = self._policy.budget_for(self._analyst)
         if self._answers is None or uses_udf(plan):
-            self._ledger.charge(self._analyst, budget, charge_of(plan, sql))  # before any data
-            noisy, report = self._read(plan, late)
-            table, cells = self._post.run(plan, noisy)
-            return with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
+            return self._charge_and_answer(plan, sql, charge_of(plan, sql), late)[0]
         key = self._repeat_key(plan, sql)
         cached = self._answers.get(key, self._anchor())
         if cached is not None:
@@ -412,12 +403,19 @@ class Connection:
             cached = claim.get(key, self._anchor())
             if cached is not None:  # another connection answered it meanwhile
                 return repeat_result(plan, cached, sql)
-            self._ledger.charge(self._analyst, budget, charge_of(plan, sql))  # before any data
-            noisy, report = self._read(plan, late)
-            table, cells = self._post.run(plan, noisy)
-            result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
+            result, table, cells = self._charge_and_answer(plan, sql, charge_of(plan, sql), late)
             claim.put(key, self._anchor(), self._analyst, sql, table, cells, asdict(result.privacy))
         return result
+
+    def _charge_and_answer(
+        self, plan: QueryPlan, sql: str, charge: Charge, late: threading.Event | None = None
+    ) -> tuple[Result, pa.Table, dict[str, list[float | None]]]:
+        """Charge (before any data is read), read and noise, post-process: a fresh answer,
+        with the table and cells the repeat store keeps."""
+        self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)
+        noisy, report = self._read(plan, late)
+        table, cells = self._post.run(plan, noisy)
+        return with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report), table, cells
 
     def _read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
         """Run the bounded query and add the noise: the only step that reads private data.
