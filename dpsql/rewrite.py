@@ -85,7 +85,7 @@ def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> e
 
     With ``salt=None`` the keyed hash takes the query parameter ``$salt2``: bind a fresh
     secret salt per run (:func:`salt_parameters`), so the SQL text can be reused."""
-    rows = _rows(plan, engine)
+    rows = _rows(plan, engine, salt=salt)
     if plan.unit_column is None and not plan.unit_is_row:
         return _final(plan, rows, per_row=True)
     pairs = _pairs(plan, rows)
@@ -95,9 +95,10 @@ def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> e
 
 
 def _rows(
-    plan: QueryPlan, engine: Engine, projections: list[exp.Expression] | None = None, filter_keys: bool = False
+    plan: QueryPlan, engine: Engine, projections: list[exp.Expression] | None = None, filter_keys: bool = False,
+    salt: int | None = None,
 ) -> exp.Select:
-    projections = _row_projections(plan, engine) if projections is None else projections
+    projections = _row_projections(plan, engine, salt) if projections is None else projections
     query = exp.select(*projections).from_(_aliased(engine, plan.sources[0]))
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
@@ -177,13 +178,18 @@ def _aliased(engine: Engine, source: Source) -> exp.Expression:
     return table
 
 
-def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expression]:
+def _row_projections(plan: QueryPlan, engine: Engine, salt: int | None = None) -> list[exp.Expression]:
     projections: list[exp.Expression] = []
-    if plan.unit_column is not None or plan.unit_is_row:
+    per_unit = plan.unit_column is not None or plan.unit_is_row
+    if per_unit:
         projections.append(exp.alias_(_unit(plan, engine), "__u", quoted=True))
     for key in plan.group_keys:
         projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
     for m in plan.measurements:
+        if m.kind == "count_distinct_values":
+            unit = _unit(plan, engine) if per_unit else None
+            projections.append(exp.alias_(_distinct_row_value(plan, m, engine, unit, salt), f"{m.name}_v", quoted=True))
+            continue
         value = _row_value(m, {} if m.expression is not None else _types(plan, engine, m.source))
         if value is not None:
             projections.append(exp.alias_(value, f"{m.name}_v", quoted=True))
@@ -262,6 +268,8 @@ def _pairs(plan: QueryPlan, rows: exp.Select) -> exp.Select:
             value = _func("least", exp.Count(this=v), cap.copy())
         elif m.kind == "count_units":
             value = _int(1)
+        elif m.kind == "count_distinct_values":
+            value = _kept_values(v, cap)
         else:
             value = _rescaled_sum(v, cap)
         projections.append(exp.alias_(value, m.name, quoted=True))
@@ -325,9 +333,11 @@ def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
     keys = [_col(k.name) for k in plan.group_keys]
     projections: list[exp.Expression] = [k.copy() for k in keys]
     for m in plan.measurements:
-        if per_row:
+        if m.kind == "count_distinct_values":
+            total: exp.Expression = _distinct_total(_col(m.name if not per_row else f"{m.name}_v"), per_row)
+        elif per_row:
             inner = _col(f"{m.name}_v") if m.kind in ("count_values", "sum", "sum_centred", "sum_squares") else exp.Star()
-            total: exp.Expression = exp.Count(this=inner) if m.kind.startswith("count") else exp.Sum(this=inner)
+            total = exp.Count(this=inner) if m.kind.startswith("count") else exp.Sum(this=inner)
         else:
             total = exp.Sum(this=_col(m.name))
         total = exp.Coalesce(this=total, expressions=[_int(0)])
@@ -341,3 +351,43 @@ def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
         projections.append(exp.alias_(exp.Count(this=exp.Star()), "__rows", quoted=True))
     query = exp.select(*projections).from_(source.subquery("__src"))
     return query.group_by(*keys) if keys else query
+
+
+# -- COUNT(DISTINCT x) of a column other than the unit (issue 14, item 9) -------------------
+
+
+def _distinct_row_value(plan: QueryPlan, m: Measurement, engine: Engine, unit: exp.Expression | None,
+                        salt: int | None) -> exp.Expression:
+    """A row's value of ``x`` for ``COUNT(DISTINCT x)``: the value itself for a table whose
+    rows are their own units, else ``{'h': keyed hash of (unit, value), 'v': value}`` so that
+    :func:`_kept_values` keeps each unit's ``m`` values of smallest hash (a uniform choice
+    among its distinct values, secret and fresh per query; ``$salt`` when ``salt`` is None).
+    NULL counts as no value."""
+    assert m.column is not None
+    value = exp.Paren(this=m.expression.copy()) if m.expression is not None else _col(m.column, m.source)
+    present = exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null()))
+    if unit is None:
+        return exp.Case(ifs=[exp.If(this=present, true=value)])
+    key: int | str = "salt" if salt is None else salt ^ 0x2D2D2D2D2D2D2D2
+    pair = exp.Struct(expressions=[
+        exp.PropertyEQ(this=exp.to_identifier("h"), expression=_keyed_hash(key, unit, value.copy())),
+        exp.PropertyEQ(this=exp.to_identifier("v"), expression=value.copy()),
+    ])
+    return exp.Case(ifs=[exp.If(this=present, true=pair)])
+
+
+def _kept_values(v: exp.Column, cap: exp.Literal) -> exp.Expression:
+    """One unit's kept values in one group: its distinct (hash, value) pairs, sorted by hash,
+    the first ``cap`` (NULLs are dropped by ``list_distinct``)."""
+    ordered = _func("list_sort", _func("list_distinct", _func("list", v.copy())))
+    return _func("list_slice", ordered, _int(1), cap.copy())
+
+
+def _distinct_total(column: exp.Column, per_row: bool) -> exp.Expression:
+    """A group's number of distinct kept values (over all its units' kept lists)."""
+    if per_row:
+        return exp.Count(this=exp.Distinct(expressions=[column]))
+    pair = exp.to_identifier("__x")
+    values = _func("list_transform", _func("flatten", _func("list", column)),
+                   exp.Lambda(this=exp.Dot(this=pair.copy(), expression=exp.to_identifier("v")), expressions=[pair]))
+    return _func("len", _func("list_distinct", values))

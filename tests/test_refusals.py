@@ -73,7 +73,7 @@ REJECTED = [
     ("SELECT COUNT(*) FROM visits WHERE zip LIKE 'a!' ESCAPE '!'", dpsql.QueryRejected, r"ESCAPE"),
     ("SELECT repeat('x', COUNT(*)) FROM visits", dpsql.QueryRejected, r"REPEAT is not supported"),
     ("SELECT BIT_AND(age) FROM visits", dpsql.QueryRejected, r"is not supported"),
-    ("SELECT COUNT(DISTINCT age) FROM visits", dpsql.QueryRejected, r"only on the privacy unit"),
+    ("SELECT COUNT(DISTINCT age, device) FROM visits", dpsql.QueryRejected, r"one column or expression"),
     ("SELECT SUM(DISTINCT age) FROM visits", dpsql.QueryRejected, r"DISTINCT"),
     ("SELECT COUNT(*) FILTER (WHERE ssn = '1') FROM visits", dpsql.PolicyViolation, r"'ssn'.*denied"),
     ("SELECT COUNT(*) OVER () FROM visits", dpsql.QueryRejected, r"window functions"),

@@ -255,7 +255,8 @@ _AGG_NAMES = {"count", "sum", "avg", "mean", "median", "quantile", "quantile_con
 
 def _add_aggregate(ctx: Context, node: exp.Expression) -> str:
     function, arg = _aggregate_call(ctx, node)
-    resolved = None if arg is None else _argument(ctx, arg, node, needs_bounds=function not in ("count",))
+    counts = ("count", "count_distinct_values")
+    resolved = None if arg is None else _argument(ctx, arg, node, needs_bounds=function not in counts)
     key = f"{function}:{_key_identity(resolved) if resolved is not None else '*'}"
     if key in ctx.aggregates:
         return ctx.aggregates[key].name
@@ -264,6 +265,12 @@ def _add_aggregate(ctx: Context, node: exp.Expression) -> str:
         kinds = [("count_rows", None)] if resolved is None else [("count_values", resolved)]
     elif function == "count_distinct":
         kinds = [("count_units", None)]
+    elif function == "count_distinct_values":
+        assert resolved is not None
+        if resolved.is_unit:  # a unit through an expression, e.g. COUNT(DISTINCT CAST(uid AS TEXT))
+            raise reject("COUNT(DISTINCT ...) of the privacy unit counts units: write COUNT(DISTINCT unit) on the "
+                         "bare unit column.", ctx.sql, node)
+        function, kinds = "count_distinct", [("count_distinct_values", resolved)]
     else:
         assert resolved is not None
         _check_aggregatable(ctx, resolved, node)
@@ -384,16 +391,11 @@ def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Expres
             cols = arg.expressions
             if len(cols) == 1 and isinstance(cols[0], exp.Column) and _column(ctx, cols[0]).is_unit:
                 return "count_distinct", None
-            unit = ctx.primary.privacy_unit
-            if ctx.scope.primary.link is not None:
-                unit = (f"held by {ctx.scope.primary.link[1]}, which {ctx.primary.name} reaches through its privacy_link: "
-                        f"join {ctx.scope.primary.link[1]} and count its unit")
-            raise reject(
-                "COUNT(DISTINCT ...) is supported only on the privacy unit column"
-                + (f" ({unit})." if unit else "; this table has no privacy unit."),
-                ctx.sql,
-                node,
-            )
+            if len(cols) != 1:
+                raise reject("COUNT(DISTINCT ...) takes one column or expression.", ctx.sql, node)
+            # another column's distinct values, each unit keeping at most m per group
+            # (:mod:`dpsql.analyze.calibrate`)
+            return "count_distinct_values", cols[0]
         return "count", arg
     if isinstance(node, (exp.Sum, exp.Avg, *_SPREAD)):
         if isinstance(node.this, exp.Distinct):
