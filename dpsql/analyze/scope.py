@@ -222,9 +222,9 @@ def _add(
 ) -> Entry:
     canonical = SOURCE_ALIAS if not scope.entries else f"{SOURCE_ALIAS}{len(scope.entries)}"
     if isinstance(node, exp.Subquery):
-        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node)
+        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node, ctes)
     elif isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in ctes:
-        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node)
+        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node, ctes)
     else:
         entry, where = _table_entry(scope, node, canonical, schema), None
     if entry.name.casefold() in scope.entries:
@@ -337,15 +337,19 @@ def _inline(
     canonical: str,
     schema: Mapping[str, Mapping[str, str]],
     node: exp.Expression,
+    ctes: dict[str, exp.Select] | None = None,
 ) -> tuple[Entry, tuple[exp.Expression, Scope] | None]:
-    """A CTE or FROM subquery that only projects and filters one table, as an entry."""
+    """A CTE or FROM subquery that only projects and filters one table, as an entry; one
+    that aggregates per unit, joins or nests is a derived table (:mod:`dpsql.analyze.derived`)."""
     sql = scope.sql
     if not isinstance(body, exp.Select):
         raise reject("a CTE or subquery in FROM must be one SELECT.", sql, node)
     from dpsql.analyze import derived  # late: it builds entries of this module
 
     if derived.aggregates(body):
-        return derived.per_unit_entry(scope, body, name, canonical, schema, node), None
+        return derived.per_unit_entry(scope, body, name, canonical, schema, node, ctes or {}), None
+    if derived.nests(body, ctes or {}):
+        return derived.nested_entry(scope, body, name, canonical, schema, ctes or {}), None
     extra = [k for k, v in body.args.items() if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where")]
     inner_from = body.args.get("from_") or body.args.get("from")
     if extra or inner_from is None or not isinstance(inner_from.this, exp.Table):
@@ -391,7 +395,7 @@ def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expressio
     sql = scope.sql
     side = (join.side or "").upper()
     kind = (join.kind or "").upper()
-    if side in ("RIGHT", "FULL") or kind in ("CROSS", "OUTER") or join.args.get("method"):
+    if side in ("RIGHT", "FULL") or kind == "CROSS" or (kind == "OUTER" and side != "LEFT") or join.args.get("method"):
         raise reject(
             f"{' '.join(filter(None, [join.args.get('method'), side, kind])) or 'this'} JOIN is not "
             "supported: use [INNER] JOIN or LEFT JOIN with the private table first.",
