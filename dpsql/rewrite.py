@@ -103,7 +103,7 @@ def _rows(
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
         query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
-    conditions = [plan.where.copy()] if plan.where is not None else []
+    conditions = [_engine_tables(engine, plan.where.copy())] if plan.where is not None else []
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
@@ -163,6 +163,15 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
         keep = exp.and_(keep, exp.LTE(this=groups, expression=_int(plan.max_groups_per_unit)))
     query.set("qualify", exp.Qualify(this=keep))
     return query
+
+
+def _engine_tables(engine: Engine, node: exp.Expression) -> exp.Expression:
+    """``node`` with every policy table it names (an IN / EXISTS subquery's) the engine's."""
+    for table in list(node.find_all(exp.Table)):
+        real = engine.table(table.name)
+        real.set("alias", table.args.get("alias"))
+        table.replace(real)
+    return node
 
 
 def _aliased(engine: Engine, source: Source) -> exp.Expression:

@@ -37,7 +37,7 @@ from dpsql.analyze import predicates
 from dpsql.analyze.parse import DIALECT, reject
 from dpsql.errors import PolicyViolation
 from dpsql.intervals import bounds
-from dpsql.plan import Source
+from dpsql.plan import SOURCE_ALIAS, Source
 from dpsql.policy import ColumnPolicy, TablePolicy
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
         unit_name = "__unit"
         projections.append(exp.alias_(unit_key.ref.copy(), unit_name, quoted=True))
         types[unit_name] = unit_key.dtype
-    query = _joined_sources(local).select(*projections)
+    query = joined_sources(local).select(*projections)
     if condition is not None:
         query = query.where(condition)
     query = query.group_by(*[r.ref.copy() for r in resolved_keys.values()])
@@ -141,7 +141,8 @@ def nests(body: exp.Select, ctes: Mapping[str, exp.Select]) -> bool:
 
 
 def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
-                schema: Mapping[str, Mapping[str, str]], aggregating: bool = False) -> tuple[Scope, exp.Expression | None]:
+                schema: Mapping[str, Mapping[str, str]], aggregating: bool = False,
+                alias: str = SOURCE_ALIAS) -> tuple[Scope, exp.Expression | None]:
     """The scope of a subquery's FROM and JOINs, read exactly as a whole query's are (policy
     tables, CTEs, subqueries; private tables joined on their units, public ones on any
     equality), and its row condition (its WHERE and its inlined subqueries'), compiled.
@@ -154,7 +155,7 @@ def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
 
     sql = scope.sql
     local_ctes = {**ctes, **_ctes(sql, body)}
-    inner = Scope(sql=sql, policy=scope.policy)
+    inner = Scope(sql=sql, policy=scope.policy, alias=alias)
     from_ = body.args.get("from_") or body.args.get("from")
     if from_ is None:
         raise reject("a CTE or subquery in FROM needs a FROM of policy tables.", sql, body)
@@ -214,7 +215,7 @@ def nested_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
         unit_ref = exp.column(str(primary.table.privacy_unit), table=primary.canonical, quoted=True)
         projections.append(exp.alias_(unit_ref, unit_name, quoted=True))
         types[unit_name] = primary.types[str(primary.table.privacy_unit).casefold()]
-    query = _joined_sources(local).select(*projections)
+    query = joined_sources(local).select(*projections)
     if condition is not None:
         query = query.where(condition)
     derived = TablePolicy(name, False, unit_name, local.max_groups_per_unit, local.max_rows_per_unit, columns)
@@ -265,7 +266,7 @@ def _unit_text(entry: Entry) -> str:
     return str(entry.table.privacy_unit)
 
 
-def _joined_sources(local: Scope) -> exp.Select:
+def joined_sources(local: Scope) -> exp.Select:
     """``SELECT FROM s0 JOIN s1 ON ...`` over the scope's sources, named as in the policy
     (the rewrite swaps in the engine's tables) under their canonical aliases."""
 

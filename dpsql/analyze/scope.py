@@ -81,10 +81,11 @@ class Scope:
     entries: dict[str, Entry] = field(default_factory=dict)
     sources: list[Source] = field(default_factory=list)
     conditions: list[exp.Expression] = field(default_factory=list)  # from inlined subqueries
+    alias: str = SOURCE_ALIAS  # the first source's canonical alias (a semi-join's own: dpsql.analyze.semijoins)
 
     @property
     def primary(self) -> Entry:
-        return next(e for e in self.entries.values() if e.canonical == SOURCE_ALIAS)
+        return next(e for e in self.entries.values() if e.canonical == self.alias)
 
     def private_tables(self) -> list[TablePolicy]:
         return [e.table for e in self.entries.values() if not e.table.public]
@@ -220,7 +221,7 @@ def _add(
     pending: Pending,
     join: exp.Join | None,
 ) -> Entry:
-    canonical = SOURCE_ALIAS if not scope.entries else f"{SOURCE_ALIAS}{len(scope.entries)}"
+    canonical = scope.alias if not scope.entries else f"{scope.alias}{len(scope.entries)}"
     if isinstance(node, exp.Subquery):
         entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node, ctes)
     elif isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in ctes:
