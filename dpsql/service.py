@@ -98,14 +98,17 @@ class Service:
                 self._connections[analyst] = conn
             return conn
 
-    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Result:
+    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None,
+                dialect: str | None = None) -> Result:
         """Answer a query for ``analyst``: rate-limited, then the pipeline, whose answers
-        (when it reads data) are released at their deadline (:mod:`dpsql.timing`)."""
+        (when it reads data) are released at their deadline (:mod:`dpsql.timing`).
+        ``dialect``: the SQL dialect ``sql`` is written in (default DuckDB's)."""
         self._rate.take(analyst)
-        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta)
+        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, dialect=dialect)
 
-    def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
-        return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta)
+    def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None,
+                dialect: str | None = None) -> Explanation:
+        return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta, dialect=dialect)
 
     def budget(self, analyst: str) -> BudgetStatus:
         return self.connection(analyst).budget()

@@ -26,6 +26,7 @@ import pytest
 import dpsql
 from dpsql.auth import create_token, revoke_token
 from dpsql.demo import make_demo_database
+from dpsql.server import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "demo.toml"
@@ -420,3 +421,21 @@ def test_remote_explain_describes_every_column_as_the_embedded_one(server: Serve
     columns = lambda text: text.split("per output column")[1].split("measurements:")[0]  # noqa: E731
     assert columns(repr(there)) == columns(repr(here))
     assert "  med: " in repr(there) and "bounds [0, 100]" in repr(there)
+
+
+def test_dialect_travels_with_the_query(server: ServerProcess, tokens: dict[str, str], db: Path) -> None:
+    """T-SQL read as T-SQL over the network, per call or as the client's default; the
+    server reads it exactly as the embedded API does (explain: nothing charged)."""
+    sql = "SELECT TOP 2 region, COUNT(*) AS n FROM [visits] GROUP BY region ORDER BY n DESC"
+    with dpsql.connect(db, policy=POLICY, analyst="carol") as conn:
+        local = conn.explain(sql, epsilon=0.5, dialect="tsql")
+    with client(server, tokens["carol"]) as remote:
+        with pytest.raises(dpsql.QueryRejected):
+            remote.explain(sql, epsilon=0.5)  # read as DuckDB's SQL, [visits] is a list
+        assert remote.explain(sql, epsilon=0.5, dialect="tsql").bounded_sql == local.bounded_sql
+        with pytest.raises(dpsql.QueryRejected, match="unknown SQL dialect 'klingon'"):
+            remote.explain(sql, epsilon=0.5, dialect="klingon")
+    with dpsql.Client(server.location, token=tokens["carol"], timeout=30, dialect="tsql") as remote:
+        assert remote.explain(sql, epsilon=0.5).bounded_sql == local.bounded_sql
+    with pytest.raises(dpsql.Error, match="malformed request: dialect must be a string"):
+        Request.parse(b'{"sql": "SELECT 1", "dialect": 3}')
