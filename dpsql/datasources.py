@@ -38,6 +38,7 @@ import sqlglot.expressions as exp
 
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import Error, PolicyError
+from dpsql.hardened import lock, open_private
 
 __all__ = [
     "OpenedSources", "SourcesEngine", "cli_database", "export_parquet", "open_engine", "open_sources",
@@ -48,12 +49,6 @@ _READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".json": "read_json"
             ".jsonl": "read_json", ".ndjson": "read_json"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
-_CONFIG = {
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
-    "python_enable_replacements": False,
-}
 
 
 @dataclass(frozen=True)
@@ -142,7 +137,7 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
         PolicyError: a source that names no readable file, a DuckDB file or table that
             cannot be opened, a file DuckDB cannot read, or an object that is no source.
     """
-    con = duckdb.connect(":memory:", config=_CONFIG)
+    con = open_private()
     allowed: list[str] = []
     identity: list[str] = []
     try:
@@ -176,8 +171,7 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
                     identity.append(f"{f}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
         if allowed:
             con.execute(f"SET allowed_paths = [{', '.join(_literal(f) for f in allowed)}]")
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
+        lock(con)
         for table in sources:  # every view readable now, under the locked configuration
             try:
                 con.sql(f"SELECT * FROM {_ident(table)} LIMIT 0").fetchall()

@@ -580,6 +580,8 @@ def literal_dates(select: exp.Select, ctx: _Ctx) -> exp.Select:
     """Date and timestamp literals (and literal date arithmetic) -> ISO string literals."""
     import duckdb
 
+    from dpsql.hardened import scratch_rows
+
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, (exp.Cast, exp.TryCast)) and isinstance(node.this, exp.Literal) and node.this.is_string \
                 and node.to.this in _TEMPORAL_TYPES and isinstance(node.parent, (exp.Predicate, exp.Between, exp.In)):
@@ -589,11 +591,10 @@ def literal_dates(select: exp.Select, ctx: _Ctx) -> exp.Select:
         if isinstance(node, (exp.Add, exp.Sub)) and not list(node.find_all(exp.Column)) and any(
                 isinstance(n, exp.Interval) for n in node.walk()):
             try:
-                con = duckdb.connect(":memory:", config={"enable_external_access": False})
-                value = con.execute(f"SELECT CAST(({node.sql('duckdb')}) AS VARCHAR)").fetchone()
-                con.close()
+                rows = scratch_rows(f"SELECT CAST(({node.sql('duckdb')}) AS VARCHAR)")
             except duckdb.Error:
                 return node
+            value = rows[0] if rows else None
             if value and value[0] is not None:
                 text = str(value[0])
                 return exp.Literal.string(text[:-9] if text.endswith(" 00:00:00") else text)
