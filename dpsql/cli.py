@@ -647,7 +647,7 @@ def _run_refused_demo_query(conn: Connection, number: int) -> None:
     except Error as exc:
         print(f"error: {exc}")
     else:  # pragma: no cover - the demo policy denies ssn
-        raise InternalError("the demo policy answered a query on ssn; this is a bug in dpsql")
+        raise InternalError("the demo policy answered a query on ssn")
     print(f"nothing was charged. {_format_budget_line(conn.budget())}")
 
 

@@ -37,7 +37,7 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.engine import DuckDBEngine
-from dpsql.errors import Error, PolicyError
+from dpsql.errors import Error, PolicyError, first_line
 from dpsql.hardened import lock, open_private
 
 __all__ = [
@@ -176,7 +176,7 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
             try:
                 con.sql(f"SELECT * FROM {_ident(table)} LIMIT 0").fetchall()
             except duckdb.Error as e:
-                raise PolicyError(f"table {table!r}: DuckDB cannot read its source: {str(e).splitlines()[0]}") from None
+                raise PolicyError(f"table {table!r}: DuckDB cannot read its source: {first_line(e)}") from None
     except BaseException:
         con.close()
         raise
@@ -192,7 +192,7 @@ def _attach(con: duckdb.DuckDBPyConnection, table: str, path: str, inner: str, p
         con.execute(f"ATTACH {_literal(os.path.abspath(path))} AS {_ident(alias)} (READ_ONLY)")
         con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(alias)}.main.{_ident(inner)}")
     except duckdb.Error as e:
-        raise PolicyError(f"table {table!r}: cannot open table {inner!r} of {path!r}: {str(e).splitlines()[0]}. "
+        raise PolicyError(f"table {table!r}: cannot open table {inner!r} of {path!r}: {first_line(e)}. "
                           "If this process has the file open read-write, pass that connection instead.") from None
 
 

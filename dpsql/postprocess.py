@@ -15,7 +15,7 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from dpsql.errors import QueryRejected
+from dpsql.errors import QueryRejected, first_line
 from dpsql.hardened import lock, open_private
 from dpsql.plan import NOISY_TABLE, QueryPlan
 from dpsql.analyze.parse import DIALECT
@@ -67,7 +67,7 @@ class Postprocessor:
             except duckdb.Error as e:
                 raise QueryRejected(
                     f"the select list, HAVING or ORDER BY cannot be evaluated on the noisy "
-                    f"aggregates: {str(e).splitlines()[0]}"
+                    f"aggregates: {first_line(e)}"
                 ) from None
             finally:
                 self._con.unregister(NOISY_TABLE)

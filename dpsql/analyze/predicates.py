@@ -57,7 +57,7 @@ import sqlglot.expressions as exp
 from dpsql import sqltypes
 from dpsql.analyze.parse import reject
 from dpsql.diagnose import quote
-from dpsql.errors import PolicyError
+from dpsql.errors import PolicyError, first_line
 from dpsql.hardened import scratch_rows
 from dpsql.intervals import ANALYST_CLAMP
 from dpsql.policy import ColumnPolicy
@@ -563,7 +563,7 @@ def enumerate_key(
     try:
         result = scratch_rows(query.sql(dialect="duckdb"))
     except duckdb.Error as e:
-        raise reject(f"this GROUP BY expression cannot be evaluated: {str(e).splitlines()[0]}", sql, node) from None
+        raise reject(f"this GROUP BY expression cannot be evaluated: {first_line(e)}", sql, node) from None
     return tuple(r[0] for r in result)
 
 

@@ -28,7 +28,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.version import __version__
-from dpsql.errors import Error, QueryRejected
+from dpsql.errors import Error, QueryRejected, first_line
 from dpsql.hardened import lock, open_private
 from dpsql.policy import ColumnPolicy, Policy
 
@@ -118,7 +118,7 @@ class Catalog:
             except duckdb.InterruptException:
                 raise QueryRejected(f"the catalog query took longer than {TIMEOUT_SECONDS:g} s and was stopped.") from None
             except duckdb.Error as exc:
-                first = str(exc).splitlines()[0]
+                first = first_line(exc)
                 raise Error(f"dpsql cannot answer this catalog query ({first}).") from None
             finally:
                 timer.cancel()
