@@ -69,6 +69,11 @@ class Engine(Protocol):
         """Run a query (a tree, or SQL text in the engine's dialect) and return its rows."""
         ...
 
+    def data_version(self) -> str:
+        """A name for the data's current version that is not read from the data (the
+        repeat store's key; see :class:`DuckDBEngine`)."""
+        ...
+
     def close(self) -> None: ...
 
 

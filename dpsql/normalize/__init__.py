@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import sqlglot.expressions as exp
 
@@ -59,6 +60,9 @@ from dpsql.normalize.text import (
     without_options,
 )
 from dpsql.normalize.tree import PASSES, PublicQuery, _Ctx, _private_tables, _tables_in
+
+if TYPE_CHECKING:
+    from dpsql.policy import TablePolicy
 
 __all__ = ["DIALECTS", "Normalized", "PublicQuery", "check_dialect", "normalize", "query_budget", "without_options"]
 
@@ -112,10 +116,7 @@ def normalize(
 
 def _statement_error(sql: str) -> QueryRejected:
     """The analyzer's own message for what is not one SELECT statement."""
-    try:
-        from dpsql.analyze.parse import parse_select
-    except ImportError:  # the layout before the restructure
-        from dpsql.sqlcheck import parse_select  # type: ignore[no-redef]
+    from dpsql.analyze.parse import parse_select  # noqa: PLC0415
     try:
         parse_select(sql)
     except QueryRejected as e:
@@ -126,7 +127,7 @@ def _statement_error(sql: str) -> QueryRejected:
 def _context(sql: str, policy: object, schema: Mapping[str, Mapping[str, str]], public_query: PublicQuery | None) -> _Ctx:
     tables = getattr(policy, "tables", {})
 
-    def table(name: str):  # type: ignore[no-untyped-def]
+    def table(name: str) -> TablePolicy | None:
         return tables.get(name.casefold())
 
     def unit_of(name: str) -> str | None:
@@ -166,7 +167,7 @@ def _apply_options(result: Normalized, options: dict[str, str], select: exp.Sele
         else:
             cap = _number(name, value)
             for table in _private_tables(select, ctx):
-                policy = ctx.tables.get(table.casefold())
+                policy = ctx.tables[table.casefold()]
                 limit = policy.max_groups_per_unit if name == "max_groups_contributed" else policy.max_rows_per_unit
                 if cap > limit:
                     raise QueryRejected(

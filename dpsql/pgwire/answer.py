@@ -82,7 +82,6 @@ class Host(Protocol):
     verifier: Any
     scram: Any
     tls: Any
-    pg: Any
     idle_timeout: float
     auth_floor_seconds: float
     stopping: Any
@@ -265,7 +264,7 @@ class Answering:
             return _table_outcome(table, tag="SHOW")
         if name == "all":
             known = sorted(set(_STATIC) | _DPSQL | set(self.settings))
-            rows = [[n.encode(), self._setting(n).encode()] for n in known]
+            rows: list[list[bytes | None]] = [[n.encode(), self._setting(n).encode()] for n in known]
             return Outcome("SHOW", [m.Column("name", m.TEXT), m.Column("setting", m.TEXT)], rows)
         if name not in _STATIC and name not in _DPSQL and name not in self.settings and name != "session_authorization":
             raise Refusal("42704", f'unrecognized configuration parameter "{name}"')
@@ -310,7 +309,7 @@ def _sqlstate(exc: BaseException) -> tuple[str, str]:
     return "XX000", ""
 
 
-def _parse(sql: str) -> exp.Expression | None:
+def _parse(sql: str) -> exp.Expr | None:
     for dialect in ("postgres", "duckdb"):  # catalog queries are Postgres SQL
         try:
             tree = sqlglot.parse_one(sql, read=dialect)
@@ -321,7 +320,7 @@ def _parse(sql: str) -> exp.Expression | None:
     return None
 
 
-def _explain_call(tree: exp.Expression | None) -> str | None:
+def _explain_call(tree: exp.Expr | None) -> str | None:
     """The SQL inside ``SELECT dpsql.explain('...')``, or None."""
     if not isinstance(tree, exp.Select) or tree.args.get("from_") or tree.args.get("from") or len(tree.expressions) != 1:
         return None
@@ -352,5 +351,8 @@ def _describe(sql: str, epsilon: float | None, delta: float | None) -> str:
     text = " ".join(sql.split())
     if len(text) > _LOGGED_SQL_CHARS:
         text = text[:_LOGGED_SQL_CHARS] + "..."
-    amount = lambda v: "default" if v is None else f"{v:g}"  # noqa: E731
+
+    def amount(v: float | None) -> str:
+        return "default" if v is None else f"{v:g}"
+
     return f"sql={text!r} epsilon={amount(epsilon)} delta={amount(delta)}"

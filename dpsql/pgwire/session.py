@@ -80,7 +80,7 @@ class Session(Answering):
         except m.ProtocolViolation as exc:
             log.info("pg client %s broke the protocol: %s", self.peer, exc)
             self._fatal("08P01", f"protocol violation: {exc}")
-        except (ConnectionError, TimeoutError, socket.timeout, ssl.SSLError, OSError):
+        except (ConnectionError, TimeoutError, ssl.SSLError, OSError):
             pass
         finally:
             try:
