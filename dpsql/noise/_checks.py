@@ -4,6 +4,7 @@ a bad parameter here is a bug in dpsql, never the analyst's input)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -34,13 +35,24 @@ def _check_count(n: object) -> None:
     _check_int("n", n, 0, _INT64_MAX)
 
 
-def _check_real(name: str, value: object) -> float:
+def finite_number(value: object, name: str, error: Callable[[str], Exception] = InternalError,
+                  hint: str = "") -> float:
+    """``value`` as a float, if it is a finite real number (not a bool); else ``error``
+    naming ``name`` (then ``hint``, the way out, for a user's input).
+
+    >>> finite_number(np.int64(3), "k")
+    3.0
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InternalError(f"{name} must be a number, got {value!r}.")
+        raise error(f"{name} must be a number, got {value!r}.")
     number = float(value)
     if not math.isfinite(number):
-        raise InternalError(f"{name} must be finite, got {value!r}.")
+        raise error(f"{name} must be finite, got {value!r}.{hint}")
     return number
+
+
+def _check_real(name: str, value: object) -> float:
+    return finite_number(value, name)
 
 
 def _check_positive(name: str, value: object) -> None:
