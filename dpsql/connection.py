@@ -62,7 +62,7 @@ from dpsql.normalize import without_options as _without_options
 from dpsql.public import engine_query, public_only, public_result
 from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
 from dpsql.datasources import open_engine
-from dpsql.engine import DuckDBEngine, Engine
+from dpsql.engine import Engine
 from dpsql.errors import Error, QueryFailed, QueryRejected
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.local.query import answer as answer_local
@@ -470,7 +470,7 @@ class Connection:
         (the most ``fn`` can change when k rows change) and a delta, PTR or smooth sensitivity
         may be used; otherwise sample-and-aggregate. ``strategy`` forces one.
         """
-        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)  # type: ignore[arg-type]
+        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)
         self._udfs[udf.name] = udf
         self._plans.clear()
         self._sql_texts.clear()

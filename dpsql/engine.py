@@ -35,22 +35,12 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.errors import Error, InternalError
+from dpsql.hardened import lock, open_private
 
 __all__ = ["DuckDBEngine", "Engine"]
 
 _ATTACHED = "dpsql_data"
 
-_LOCKED_SETTINGS = (
-    "SET enable_external_access = false",
-    "SET lock_configuration = true",
-)
-
-_CONFIG = {
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
-    "python_enable_replacements": False,
-}
 
 
 class Engine(Protocol):
@@ -77,6 +67,11 @@ class Engine(Protocol):
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run a query (a tree, or SQL text in the engine's dialect) and return its rows."""
+        ...
+
+    def data_version(self) -> str:
+        """A name for the data's current version that is not read from the data (the
+        repeat store's key; see :class:`DuckDBEngine`)."""
         ...
 
     def close(self) -> None: ...
@@ -192,7 +187,7 @@ class DuckDBEngine:
 def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
     if not os.path.exists(path):
         raise Error(f"database file {path!r} does not exist. Pass the path of an existing DuckDB file.")
-    con = duckdb.connect(":memory:", config=_CONFIG)
+    con = open_private()
     literal = exp.Literal.string(path).sql(dialect="duckdb")
     try:
         con.execute(f"ATTACH {literal} AS {_ATTACHED} (READ_ONLY)")
@@ -202,6 +197,4 @@ def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
             f"cannot open {path!r} read-only: {e}. If this process already has the file open "
             "read-write, pass that connection to dpsql.connect instead of the path."
         ) from None
-    for statement in _LOCKED_SETTINGS:
-        con.execute(statement)
-    return con
+    return lock(con)

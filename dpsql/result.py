@@ -38,13 +38,18 @@ class PrivacyReport:
     columns: Mapping[str, ColumnPrivacy] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
-    def __repr__(self) -> str:
-        lines = [f"PrivacyReport(epsilon={self.epsilon:g}, delta={self.delta:g})"]
+    def format(self, header: str | None = None) -> str:
+        """The report as text: ``header`` (by default the cost), then a line per column and
+        per note (what ``repr`` and ``dpsql query`` show)."""
+        lines = [header or f"PrivacyReport(epsilon={self.epsilon:g}, delta={self.delta:g})"]
         for name, col in self.columns.items():
             std = f", noise std {col.noise_std:.4g}" if col.noise_std is not None else ""
             lines.append(f"  {name}: {col.mechanism}{std}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.format()
 
 
 class Accuracy(Mapping[str, float]):
@@ -87,6 +92,7 @@ class Result:
         self.privacy = privacy
         self.accuracy = accuracy
         self.sql = sql
+        self.cached = False  # True for a repeat answered from the repeat store, charged nothing
 
     @property
     def columns(self) -> list[str]:
@@ -114,7 +120,7 @@ class Result:
         return list(zip(*columns)) if columns else []
 
     def __len__(self) -> int:
-        return self._table.num_rows
+        return int(self._table.num_rows)
 
     def __repr__(self) -> str:
         """The rows with their ± half-widths, the charge, each column's mechanism, notes."""

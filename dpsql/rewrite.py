@@ -131,8 +131,8 @@ def _rows(
     query = exp.Select(expressions=projections).from_(_aliased(engine, plan.sources[0]), copy=False)
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
-        on = source.on.copy() if source.on is not None else None
-        query = query.join(_aliased(engine, source), on=on, join_type=side, copy=False)
+        assert source.on is not None, "the analyzer gives every joined source its ON condition"
+        query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
     conditions = [plan.where.copy()] if plan.where is not None else []
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
