@@ -174,3 +174,34 @@ def test_value_query_drops_the_group_window_only_where_it_cannot_bind(conn) -> N
     assert "DENSE_RANK" in kept.sql(dialect="duckdb").upper()
     per_unit = conn._engine.run(f"SELECT count(DISTINCT __g0) AS n FROM ({kept.sql(dialect='duckdb')}) GROUP BY __id")
     assert max(per_unit.column("n").to_pylist()) <= 2
+
+
+def test_long_key_lists_are_one_bound_list_applied_to_the_pairs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,500 listed zips (more than LIST_PARAMETER): the bounded SQL binds them as one list
+    and filters the (unit, zip) pairs; it keeps exactly what the literal IN list over the rows
+    keeps (the filter is on the key alone), and a connection answers through it."""
+    zips = [f"{i:05d}" for i in range(1500)]
+    listed = ", ".join(f'"{z}"' for z in zips)
+    policy = parse_policy(POLICY.split("[tables.r]")[0].replace('k = { access = "group" }', f"k = {{ public_values = [{listed}] }}"))
+    path = tmp_path / "zips.duckdb"
+    with duckdb.connect(str(path)) as c:
+        c.execute("CREATE TABLE t(u BIGINT, g VARCHAR, h VARCHAR, k VARCHAR, x DOUBLE, y DOUBLE, w INTEGER, "
+                  "z DOUBLE, n BIGINT)")
+        rows = [(i % 50, "a", "a", f"{(i * 37) % 1700:05d}", float(i % 300), 0.0, 1, 0.0, 0) for i in range(3000)]
+        c.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    with dpsql.connect(path, policy=policy, analyst="t", repeats=False) as zconn:
+        plan = zconn.plan("SELECT k, COUNT(*), SUM(x) FROM t GROUP BY k", epsilon=1.0)
+        assert plan.sample_groups
+        params = rewrite.key_parameters(plan, zconn._engine)
+        assert list(params.values()) == [zips]
+        text = bounded_sql(plan, zconn._engine)
+        assert "'01499'" not in text and f"${next(iter(params))}" in text and len(text) < 5000
+        bound = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3), params).to_pylist()
+        monkeypatch.setattr(rewrite, "LIST_PARAMETER", 10**9)
+        assert rewrite.key_parameters(plan, zconn._engine) == {}
+        literal = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3)).to_pylist()
+        monkeypatch.undo()
+        assert sorted(bound, key=repr) == sorted(literal, key=repr)
+        assert {r["__g0"] for r in bound} <= set(zips) and len(bound) > 50  # 50 units, 2 groups each
+        answer = zconn.execute("SELECT k, COUNT(*) FROM t GROUP BY k", epsilon=1.0).fetchall()
+        assert sorted(k for k, _ in answer) == zips  # every listed key, none other
