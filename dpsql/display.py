@@ -80,16 +80,49 @@ def _rows(result: Result, limit: int | None) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
-def text_table(result: Result, limit: int | None = None) -> str:
-    """A plain-text table with ± half-widths (what the CLI prints)."""
-    header, rows = _rows(result, limit)
+#: What the bias table under an answer is (``bias=True``: :mod:`dpsql.release.bias`).
+BIAS_TITLE = ("bias estimate per cell (differentially private, ± its 95% noise; rows the caps dropped "
+              "and values clipped into their bounds, which the ± above does not cover):")
+
+
+def _bias_rows(result: Result, limit: int | None) -> tuple[list[str], list[list[str]]] | None:
+    """The answer's shape with each aggregate cell's bias estimates, keys as they are."""
+    bias = getattr(result, "bias", None)
+    if bias is None or not bias.cells:
+        return None
+    table = result.arrow()
+    header = list(table.column_names)
+    count = table.num_rows if limit is None else min(limit, table.num_rows)
+    rows = []
+    for i in range(count):
+        row = []
+        for name in header:
+            cell = bias.cells.get(name, [None] * table.num_rows)[i]
+            row.append(cell.text() if cell is not None
+                       else cell_text(table[name][i].as_py(), None, integer=_is_integer(table, name)))
+        rows.append(row)
+    return header, rows
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h) for j, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return lines
+
+
+def text_table(result: Result, limit: int | None = None) -> str:
+    """A plain-text table with ± half-widths (what the CLI prints), and under it, when the
+    query asked for them, each cell's bias estimates."""
+    header, rows = _rows(result, limit)
+    lines = _aligned(header, rows)
     hidden = len(result) - len(rows)
     if hidden > 0:
         lines.append(f"... {hidden} more row{'s' if hidden != 1 else ''}")
+    bias = _bias_rows(result, limit)
+    if bias is not None:
+        lines += ["", BIAS_TITLE, *_aligned(*bias)]
     return "\n".join(lines)
 
 
@@ -133,6 +166,13 @@ def html_table(result: Result) -> str:
     hidden = len(result) - len(rows)
     if hidden > 0:
         parts.append(f"<p>… {hidden} more row{'s' if hidden != 1 else ''} (<code>res.df()</code> has them all)</p>")
+    bias = _bias_rows(result, SHOWN_ROWS)
+    if bias is not None:
+        parts.append(f"<p><small>{e(BIAS_TITLE)}</small></p><table><thead><tr>")
+        parts += [f'<th style="text-align:left">{e(h)}</th>' for h in bias[0]]
+        parts.append("</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f'<td style="text-align:left">{e(c)}</td>' for c in row) + "</tr>" for row in bias[1]]
+        parts.append("</tbody></table>")
     parts.append(f"<p><small>{e(_charge_line(result))}; ± is the 95% half-width of the noise.<br>")
     parts.append("<br>".join(e(line) for line in _mechanism_lines(result)))
     parts += [f"<br>note: {e(note)}" for note in result.privacy.notes]
