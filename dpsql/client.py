@@ -124,9 +124,11 @@ class Client:
         self._options = flight.FlightCallOptions(headers=headers, timeout=timeout)
         self._closed = False
 
-    def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Result:
-        """Answer ``sql`` with differential privacy on the server, charging (epsilon, delta)."""
-        ticket = flight.Ticket(request_body(sql, epsilon, delta))
+    def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
+                bias: bool = False) -> Result:
+        """Answer ``sql`` with differential privacy on the server, charging (epsilon, delta);
+        ``bias=True`` as for :meth:`dpsql.Connection.execute` (10% of epsilon buys ``res.bias``)."""
+        ticket = flight.Ticket(request_body(sql, epsilon, delta, bias))
         table = self._call(lambda: self._flight.do_get(ticket, self._options).read_all())
         return decode_result(table, sql)
 

@@ -73,7 +73,7 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
-from dpsql.release.bias import BIAS_SHARE, attach, bias_mechanisms, estimate_bias
+from dpsql.release.bias import BIAS_SHARE, DEADLINE_FACTOR, attach, bias_mechanisms, estimate_bias
 from dpsql.release.clamp import clamp_result
 from dpsql.result import Accuracy, Result
 from dpsql.rewrite import bounded_query, salt_parameters, value_query
@@ -323,7 +323,7 @@ class Connection:
         read) on noisy counts, per cell, of the selected rows the caps dropped and of the
         values clipped into their bounds: ``res.bias`` (totals, and ``res.bias.cells``), a
         note in ``res.privacy``, and a second table in ``res.format()`` (:mod:`dpsql.release.bias`).
-        Under deadlines its extra pass doubles the query's deadline. Such a query is never a
+        Under deadlines the answer is held for ``DEADLINE_FACTOR`` (4) times the query's deadline. Such a query is never a
         free repeat.
 
         Raises:
@@ -346,8 +346,9 @@ class Connection:
             return self._listed_keys(plan, sql)
         if bias and self._timing is None:
             result = self._execute_with_bias(plan, sql)
-        elif bias:  # a second pass over the same rows, grouped as the query's: twice its deadline
-            result = self._timing.hold(lambda late: self._execute_with_bias(plan, sql, late), 2 * self._timing.deadline(plan))
+        elif bias:  # a second pass over the same rows, grouped as the query's (see DEADLINE_FACTOR)
+            result = self._timing.hold(lambda late: self._execute_with_bias(plan, sql, late),
+                                       DEADLINE_FACTOR * self._timing.deadline(plan))
         elif self._timing is None or self.is_repeat(plan, sql):
             result = self._execute(plan, sql)
         else:

@@ -24,7 +24,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from dpsql.result import Result
 
-__all__ = ["cell_text", "explanation_text", "html_table", "result_repr", "text_table", "with_intervals"]
+__all__ = ["cell_text", "explanation_text", "html_table", "result_repr", "text_table", "with_bias_columns",
+           "with_intervals"]
 
 #: Rows shown by ``repr`` and in a notebook before "... N more rows".
 SHOWN_ROWS = 20
@@ -194,6 +195,25 @@ def with_intervals(result: Result) -> pa.Table:
                      for v in result.accuracy.cells(name)]
             columns.append(pa.array(cells, pa.float64()))
             names.append(f"{name}_ci95")
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def with_bias_columns(result: Result, table: pa.Table | None = None) -> pa.Table:
+    """``table`` (default: the answer) with a ``<column>_bias`` text column (the cell's bias
+    estimates, :mod:`dpsql.release.bias`) after each aggregate column, as the Postgres
+    front's ``SET dpsql.bias = on`` gives."""
+    table = result.arrow() if table is None else table
+    bias = result.bias
+    if bias is None or not bias.cells:
+        return table
+    columns, names = [], []
+    for name in table.column_names:
+        columns.append(table[name])
+        names.append(name)
+        cells = bias.cells.get(name)
+        if cells is not None and any(c is not None for c in cells):
+            columns.append(pa.array([None if c is None else c.text() for c in cells], pa.string()))
+            names.append(f"{name}_bias")
     return pa.Table.from_arrays(columns, names=names)
 
 
