@@ -379,7 +379,6 @@ def run_policy_check(args: argparse.Namespace) -> int:
             engine.close()
         against = "; matches its sources"
     if args.db is not None:
-        from dpsql.engine import DuckDBEngine  # noqa: PLC0415 - loads DuckDB
 
         _check_database_file(args.db)
         from dpsql.datasources import open_engine  # noqa: PLC0415 - the file, and any sources

@@ -62,7 +62,7 @@ from dpsql.normalize import without_options as _without_options
 from dpsql.public import engine_query, public_only, public_result
 from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
 from dpsql.datasources import open_engine
-from dpsql.engine import DuckDBEngine, Engine
+from dpsql.engine import Engine
 from dpsql.errors import Error, QueryFailed
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.local.query import answer as answer_local
@@ -344,11 +344,12 @@ class Connection:
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
         if not plan.measurements and plan.selection is None and not plan.value_releases:
             return self._listed_keys(plan, sql)
-        if bias and self._timing is None:
+        timing = self._timing
+        if bias and timing is None:
             result = self._execute_with_bias(plan, sql)
-        elif bias:  # a second pass over the same rows, grouped as the query's (see DEADLINE_FACTOR)
-            result = self._timing.hold(lambda late: self._execute_with_bias(plan, sql, late),
-                                       DEADLINE_FACTOR * self._timing.deadline(plan))
+        elif bias and timing is not None:  # a second pass over the same rows, grouped as the query's
+            result = timing.hold(lambda late: self._execute_with_bias(plan, sql, late),
+                                 DEADLINE_FACTOR * timing.deadline(plan))
         elif self._timing is None or self.is_repeat(plan, sql):
             result = self._execute(plan, sql)
         else:
@@ -477,7 +478,7 @@ class Connection:
         (the most ``fn`` can change when k rows change) and a delta, PTR or smooth sensitivity
         may be used; otherwise sample-and-aggregate. ``strategy`` forces one.
         """
-        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)  # type: ignore[arg-type]
+        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)
         self._udfs[udf.name] = udf
         self._plans.clear()
         self._sql_texts.clear()

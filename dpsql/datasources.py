@@ -48,7 +48,7 @@ _READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".json": "read_json"
             ".jsonl": "read_json", ".ndjson": "read_json"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
-_CONFIG = {
+_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # duckdb.connect's config type
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "allow_community_extensions": False,
@@ -79,6 +79,12 @@ def source_kind(source: object) -> str:
         return "duckdb"
     reader = _reader_for(text)
     return reader.removeprefix("read_") if reader else "unknown"
+
+
+def _path(source: object) -> str:
+    """The text of a source :func:`source_kind` found to be a path (a ``str`` or ``os.PathLike``)."""
+    assert isinstance(source, str | os.PathLike), "source_kind calls any other source a frame"
+    return os.fsdecode(source)
 
 
 def _reader_for(path: str) -> str | None:
@@ -155,16 +161,16 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
                 con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(hidden)}")
                 identity.append(f"frame:{uuid.uuid4().hex}")
             elif kind == "duckdb":
-                path, _, inner = os.fspath(source).rpartition(":")  # type: ignore[arg-type]
+                path, _, inner = _path(source).rpartition(":")
                 _attach(con, table, path, inner, position)
                 info = os.stat(path)
                 identity.append(f"{os.path.abspath(path)}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
             elif kind == "unknown":
-                raise PolicyError(f"table {table!r}: cannot tell the format of {os.fspath(source)!r}; name Parquet "  # type: ignore[arg-type]
+                raise PolicyError(f"table {table!r}: cannot tell the format of {_path(source)!r}; name Parquet "
                                   "(.parquet), CSV (.csv) or JSON (.json) files, a folder of them, or "
                                   "'file.duckdb:table'.")
             else:
-                path = os.fspath(source)  # type: ignore[arg-type]
+                path = _path(source)
                 files = _files(table, path)
                 allowed += files
                 reader = _reader_for(path) or "read_parquet"

@@ -66,7 +66,7 @@ def cell_text(value: Any, half_width: float | None, *, integer: bool) -> str:
 
 
 def _is_integer(table: pa.Table, name: str) -> bool:
-    return pa.types.is_integer(table.schema.field(name).type)
+    return bool(pa.types.is_integer(table.schema.field(name).type))
 
 
 def _rows(result: Result, limit: int | None) -> tuple[list[str], list[list[str]]]:

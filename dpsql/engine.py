@@ -45,7 +45,7 @@ _LOCKED_SETTINGS = (
     "SET lock_configuration = true",
 )
 
-_CONFIG = {
+_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # duckdb.connect's config type
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "allow_community_extensions": False,
@@ -77,6 +77,11 @@ class Engine(Protocol):
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run a query (a tree, or SQL text in the engine's dialect) and return its rows."""
+        ...
+
+    def data_version(self) -> str:
+        """A name for the data's current version that is not read from the data (the
+        repeat store's key; see :class:`DuckDBEngine`)."""
         ...
 
     def close(self) -> None: ...

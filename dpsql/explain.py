@@ -317,7 +317,7 @@ def _short(value: float) -> str:
 
 
 def _round_up(value: float, digits: int) -> float:
-    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
     return math.ceil(value * scale) / scale
 
 
@@ -398,7 +398,8 @@ def _projection(plan: QueryPlan, column: str) -> exp.Expression:
     ]
     if len(matches) != 1:
         raise Error(f"no single output column {column!r}; the query's columns are: {', '.join(names)}.")
-    return plan.output.expressions[matches[0]]
+    projection: exp.Expression = plan.output.expressions[matches[0]]
+    return projection
 
 
 def _bare_aggregate(plan: QueryPlan, projection: exp.Expression) -> Aggregate | None:
@@ -428,7 +429,7 @@ def dry_run_composition(ledger: Any, analyst: str, budget: Any, charge: Charge) 
         history = [record.to_charge() for record in events(analyst)]
         before = _compose(compose, history, float(budget.delta)) if history else (0.0, 0.0)
         after = _compose(compose, [*history, charge], float(budget.delta))
-    except Exception:  # a dry run is advice: an accountant that cannot answer gives none
+    except Exception:  # noqa: BLE001 - a dry run is advice: an accountant that cannot answer gives none
         return None
     name = str(getattr(accountant, "name", type(accountant).__name__))
     return Composition(name, before, after, (float(budget.epsilon), float(budget.delta)))

@@ -44,13 +44,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import sqlglot
-import sqlglot.errors
 import sqlglot.expressions as exp
 
 from dpsql.diagnose import parse_statements
 from dpsql.errors import QueryRejected
+
+if TYPE_CHECKING:
+    from dpsql.policy import TablePolicy
 
 __all__ = ["DIALECTS", "Normalized", "PublicQuery", "check_dialect", "normalize", "query_budget", "without_options"]
 
@@ -84,7 +86,7 @@ class Normalized:
 @dataclass
 class _Ctx:
     sql: str
-    tables: Mapping[str, object]  # policy tables, by casefolded name
+    tables: Mapping[str, TablePolicy]  # policy tables, by casefolded name
     schema: Mapping[str, Mapping[str, str]]
     public_query: PublicQuery | None
     unit_of: Callable[[str], str | None]
@@ -226,10 +228,7 @@ def normalize(
 
 def _statement_error(sql: str) -> QueryRejected:
     """The analyzer's own message for what is not one SELECT statement."""
-    try:
-        from dpsql.analyze.parse import parse_select
-    except ImportError:  # the layout before the restructure
-        from dpsql.sqlcheck import parse_select  # type: ignore[no-redef]
+    from dpsql.analyze.parse import parse_select  # noqa: PLC0415
     try:
         parse_select(sql)
     except QueryRejected as e:
@@ -240,7 +239,7 @@ def _statement_error(sql: str) -> QueryRejected:
 def _context(sql: str, policy: object, schema: Mapping[str, Mapping[str, str]], public_query: PublicQuery | None) -> _Ctx:
     tables = getattr(policy, "tables", {})
 
-    def table(name: str):  # type: ignore[no-untyped-def]
+    def table(name: str) -> TablePolicy | None:
         return tables.get(name.casefold())
 
     def unit_of(name: str) -> str | None:
@@ -280,7 +279,7 @@ def _apply_options(result: Normalized, options: dict[str, str], select: exp.Sele
         else:
             cap = _number(name, value)
             for table in _private_tables(select, ctx):
-                policy = ctx.tables.get(table.casefold())
+                policy = ctx.tables[table.casefold()]
                 limit = policy.max_groups_per_unit if name == "max_groups_contributed" else policy.max_rows_per_unit
                 if cap > limit:
                     raise QueryRejected(
@@ -345,7 +344,7 @@ def spellings(select: exp.Select, ctx: _Ctx) -> exp.Select:
 def aggregate_filters(select: exp.Select, ctx: _Ctx) -> exp.Select:
     """``AGG(x) FILTER (WHERE c)`` -> ``AGG(CASE WHEN c THEN x END)``."""
 
-    def fix(node: exp.Expression) -> exp.Expression:
+    def fix(node: exp.Expr) -> exp.Expr:
         if not isinstance(node, exp.Filter) or not isinstance(node.this, exp.AggFunc):
             return node
         agg, where = node.this, node.expression
@@ -435,7 +434,7 @@ def comma_joins(select: exp.Select, ctx: _Ctx) -> exp.Select:
             [where.this] if where is not None else [])
         sources = [from_.this] + [j.this for j in joins]
         joined = {_alias(from_.this).casefold()}
-        moved: list[exp.Expression] = []
+        moved: list[exp.Expr] = []
         for join in joins:
             inner = not join.side and (join.kind or "").upper() in ("", "INNER")
             on = join.args.get("on")
@@ -505,13 +504,13 @@ def public_subqueries(select: exp.Select, ctx: _Ctx) -> exp.Select:
         return select
     outer = {_alias(t).casefold() for t in select.find_all(exp.Table)} - set()
 
-    def values(query: exp.Select) -> list[exp.Expression] | None:
+    def values(query: exp.Select) -> list[exp.Expr] | None:
         rows = ctx.public_query(query)  # type: ignore[misc]
         if len(rows) > MAX_PUBLIC_VALUES:
             return None
         return [exp.convert(r[0]) for r in rows]
 
-    def fix(node: exp.Expression) -> exp.Expression:
+    def fix(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.In) and isinstance(node.args.get("query"), exp.Subquery):
             query = node.args["query"].this
             if isinstance(query, exp.Select) and len(query.expressions) == 1 and _only_public(query, ctx) \
@@ -540,12 +539,13 @@ def _correlated(query: exp.Select) -> bool:
     return any(c.table and c.table.casefold() not in inner for c in query.find_all(exp.Column))
 
 
-def _exists_to_in(node: exp.Exists, query: exp.Select, values) -> exp.Expression | None:  # type: ignore[no-untyped-def]
+def _exists_to_in(node: exp.Exists, query: exp.Select,
+                  values: Callable[[exp.Select], list[exp.Expr] | None]) -> exp.Expr | None:
     """``EXISTS (SELECT .. FROM pub WHERE pub.c = outer.x AND <pub-only>)`` -> ``outer.x IN (...)``."""
     inner = {_alias(t).casefold() for t in query.find_all(exp.Table)} | {t.name.casefold() for t in query.find_all(exp.Table)}
-    where = query.args.get("where")
-    if where is None or query.args.get("joins") or query.args.get("group"):
-        return None
+    where, source = query.args.get("where"), query.args.get("from_")
+    if where is None or source is None or query.args.get("joins") or query.args.get("group"):
+        return None  # (no FROM: its public tables are in a CTE or a nested subquery; the analyzer refuses it)
     parts = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
     link, rest = None, []
     for p in parts:
@@ -560,7 +560,7 @@ def _exists_to_in(node: exp.Exists, query: exp.Select, values) -> exp.Expression
     if link is None:
         return None
     inner_col, outer_col = link
-    sub = exp.select(inner_col.copy()).from_(query.args.get("from_").this.copy())
+    sub = exp.select(inner_col.copy()).from_(source.this.copy())
     if rest:
         sub = sub.where(exp.and_(*[r.copy() for r in rest]))
     if _correlated(sub):

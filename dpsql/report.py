@@ -28,8 +28,8 @@ def charge_of(plan: QueryPlan, sql: str) -> Charge:
 
 def fresh_result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
             cached: bool) -> Result:
-    result = Result(table, privacy_report(plan), Accuracy(cells), sql)  # type: ignore[arg-type]
-    result.cached = cached  # type: ignore[attr-defined]
+    result = Result(table, privacy_report(plan), Accuracy(cells), sql)
+    result.cached = cached
     return result
 
 
@@ -48,7 +48,7 @@ def repeat_result(plan: QueryPlan, answer: CachedAnswer, sql: str) -> Result:
                for old, new in zip(answer.table.column_names, plan.output_names)}
     report = PrivacyReport(stored["epsilon"], stored["delta"], columns, (*stored["notes"], REPEAT_NOTE))
     result = Result(table, report, Accuracy(cells), sql)
-    result.cached = True  # type: ignore[attr-defined]
+    result.cached = True
     return result
 
 

@@ -94,6 +94,7 @@ class Result:
         self.privacy = privacy
         self.accuracy = accuracy
         self.sql = sql
+        self.cached = False  # True for a repeat answered from the repeat store, charged nothing
         self.bias: BiasEstimate | None = None
 
     @property
@@ -122,7 +123,7 @@ class Result:
         return list(zip(*columns)) if columns else []
 
     def __len__(self) -> int:
-        return self._table.num_rows
+        return int(self._table.num_rows)
 
     def __repr__(self) -> str:
         """The rows with their ± half-widths, the charge, each column's mechanism, notes."""

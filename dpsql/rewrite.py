@@ -51,7 +51,7 @@ def _col(name: str, table: str | None = None) -> exp.Column:
     return exp.column(name, table=table, quoted=True)
 
 
-def _int(value: int) -> exp.Literal:
+def _int(value: int) -> exp.Literal | exp.Neg:
     return exp.Literal.number(value)
 
 
@@ -95,12 +95,13 @@ def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> e
 
 
 def _rows(
-    plan: QueryPlan, engine: Engine, projections: list[exp.Expression] | None = None, filter_keys: bool = False
+    plan: QueryPlan, engine: Engine, projections: list[exp.Expr] | None = None, filter_keys: bool = False
 ) -> exp.Select:
     projections = _row_projections(plan, engine) if projections is None else projections
     query = exp.select(*projections).from_(_aliased(engine, plan.sources[0]))
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
+        assert source.on is not None, "the analyzer gives every joined source its ON condition"
         query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
     conditions = [plan.where.copy()] if plan.where is not None else []
     if filter_keys or plan.sample_groups or plan.selection is not None:
@@ -157,7 +158,7 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     )
     query = exp.select(*[k.copy() for k in key_cols], exp.alias_(_func("hash", _col("__u")), "__id", quoted=True), _col("__v"))
     query = query.from_(rows.subquery("__rows"))
-    keep = exp.LTE(this=per_group, expression=_int(release.rows_per_unit))
+    keep: exp.Expr = exp.LTE(this=per_group, expression=_int(release.rows_per_unit))
     if plan.group_keys:
         keep = exp.and_(keep, exp.LTE(this=groups, expression=_int(plan.max_groups_per_unit)))
     query.set("qualify", exp.Qualify(this=keep))
@@ -177,8 +178,8 @@ def _aliased(engine: Engine, source: Source) -> exp.Expression:
     return table
 
 
-def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expression]:
-    projections: list[exp.Expression] = []
+def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expr]:
+    projections: list[exp.Expr] = []
     if plan.unit_column is not None or plan.unit_is_row:
         projections.append(exp.alias_(_unit(plan, engine), "__u", quoted=True))
     for key in plan.group_keys:
@@ -218,7 +219,7 @@ def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | Non
     else:
         column = _col(m.column, m.source)
         dtype = types[m.column.casefold()]
-    present: exp.Expression = exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null()))
+    present: exp.Expr = exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null()))
     as_double = exp.cast(column.copy(), exp.DataType.build("DOUBLE"))  # never fails on a number
     if parse_type(dtype).name in ("FLOAT", "DOUBLE"):
         present = exp.and_(present, exp.Not(this=_func("isnan", as_double.copy())))
@@ -253,7 +254,7 @@ def _float(value: float) -> exp.Expression:
 def _pairs(plan: QueryPlan, rows: exp.Select) -> exp.Select:
     cap = _int(plan.max_rows_per_unit)
     keys = [_col("__u")] + [_col(k.name) for k in plan.group_keys]
-    projections: list[exp.Expression] = [k.copy() for k in keys]
+    projections: list[exp.Expr] = [k.copy() for k in keys]
     for m in plan.measurements:
         v = _col(f"{m.name}_v")
         if m.kind == "count_rows":
@@ -268,7 +269,7 @@ def _pairs(plan: QueryPlan, rows: exp.Select) -> exp.Select:
     return exp.select(*projections).from_(rows.subquery("__rows")).group_by(*keys)
 
 
-def _rescaled_sum(v: exp.Column, cap: exp.Literal) -> exp.Expression:
+def _rescaled_sum(v: exp.Column, cap: exp.Literal | exp.Neg) -> exp.Expression:
     """A unit's sum in one group, its ``n`` values weighed down to ``min(n, cap)`` rows:
     ``sum(v)`` when ``n <= cap``, else ``(sum(v) * cap) // n``, in exact 128-bit integers.
 
@@ -323,7 +324,7 @@ def _index(array: exp.Expression, position: int) -> exp.Expression:
 
 def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
     keys = [_col(k.name) for k in plan.group_keys]
-    projections: list[exp.Expression] = [k.copy() for k in keys]
+    projections: list[exp.Expr] = [k.copy() for k in keys]
     for m in plan.measurements:
         if per_row:
             inner = _col(f"{m.name}_v") if m.kind in ("count_values", "sum", "sum_centred", "sum_squares") else exp.Star()

@@ -310,7 +310,7 @@ def _answering(what: str, context: flight.ServerCallContext, answer: Callable[[]
         raise kind(f"{type(exc).__name__}: {exc}", extra_info=error_payload(exc)) from None
     except flight.FlightError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last net: an incident number, never the message
         incident = secrets.token_hex(4)
         # The stack only: an engine's message could quote a value from the data.
         log.error("%s failed with an unexpected %s (incident %s) from %s; stack:\n%s", what,
@@ -327,7 +327,7 @@ def _answering(what: str, context: flight.ServerCallContext, answer: Callable[[]
 
 @dataclass(frozen=True)
 class ServeOptions:
-    database: str
+    database: object  # a DuckDB file's path, None (the policy's sources) or a Spark session
     policy: str
     ledger: str
     auth: str
@@ -379,7 +379,7 @@ def serve(
         try:
             server = DpsqlFlightServer(location, service, verifier, tls_certificates=tls,
                                        reporters=reporters, collector=collector)
-        except Exception as exc:  # ArrowException: the port is taken, a bad TLS certificate
+        except Exception as exc:  # noqa: BLE001 - ArrowException: the port is taken, a bad TLS certificate
             raise Error(
                 f"cannot serve on {options.host}:{options.port}: {str(exc).splitlines()[0]}. "
                 "Is another server using that port? Pick another with --port."

@@ -78,7 +78,7 @@ def decode_result(table: pa.Table, sql: str = "") -> Result:
     report = PrivacyReport(payload["epsilon"], payload["delta"], columns, tuple(payload.get("notes", ())))
     cells = {name: list(values) for name, values in payload["accuracy"].items()}
     result = Result(table.replace_schema_metadata(metadata or None), report, Accuracy(cells), sql)
-    result.cached = bool(payload.get("cached", False))  # type: ignore[attr-defined]
+    result.cached = bool(payload.get("cached", False))
     if payload.get("bias") is not None:
         result.bias = BiasEstimate.from_json(payload["bias"])
     return result

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

@@ -48,7 +48,7 @@ from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 __all__ = ["answer", "references_local_table"]
 
 _Z95 = 1.959963984540054
-_AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg"}
+_AGGREGATES: dict[type[exp.Expr], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg"}
 _UNANSWERABLE = {
     "where": "a WHERE relates the filtered column to the others of the same record, but each "
              "column's reports were shuffled apart, so no report knows the other columns; ask "
@@ -230,10 +230,11 @@ def _ungrouped(sql: str, table: TablePolicy, items: list[_Item], mechanisms: dic
         mechanism = mechanisms[item.column].range  # type: ignore[index]
         bundle = reports[item.column]  # type: ignore[index]
         data = np.zeros(0) if bundle is None else bundle.values  # type: ignore[attr-defined]
-        estimate, variance = _sum_estimate(data, mechanism)  # type: ignore[arg-type]
+        total, variance = _sum_estimate(data, mechanism)
+        estimate: float | None = total
         if item.function == "avg":
             n = data.size
-            estimate = estimate / n if n else None
+            estimate = total / n if n else None
             variance = variance / n**2 if n else math.nan
         values[item.name] = [estimate]
         std = math.sqrt(variance) if math.isfinite(variance) else None
@@ -292,5 +293,5 @@ def _result(sql: str, table: TablePolicy, arrow: pa.Table, cells: dict[str, list
            "reports per column; post-processing of already private reports, so no central "
            "budget is charged. Intervals: 95%, from the mechanisms' variances")
     result = Result(arrow, PrivacyReport(0.0, 0.0, columns, (why, *notes)), Accuracy(cells), sql)
-    result.cached = False  # type: ignore[attr-defined]
+    result.cached = False
     return result

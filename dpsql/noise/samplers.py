@@ -61,7 +61,8 @@ def _bernoulli_scaled(source: RandomSource, num: IntArray, den: IntArray | int,
         if den <= _INT64_MAX // k:
             return _uniform_below_scalar(source, den * k, n) < num
         first = _uniform_below_scalar(source, den, n) < num
-        return first & (_uniform_below_scalar(source, k, n) == 0)
+        both: BoolArray = first & (_uniform_below_scalar(source, k, n) == 0)
+        return both
     fits = den <= _INT64_MAX // k
     if fits.all():
         return _uniform_below_array(source, den * k) < num
@@ -130,7 +131,7 @@ def _bernoulli_exp_minus_one(source: RandomSource, n: int) -> BoolArray:
     """
     u = _uniform_below_scalar(source, math.factorial(_FACTORIAL_N), n)
     passed = _FACTORIAL_N - np.searchsorted(_FACTORIAL_STEPS, u, side="right")  # = K - 1
-    result = passed % 2 == 0  # K odd
+    result: BoolArray = passed % 2 == 0  # K odd
     active = np.flatnonzero(passed == _FACTORIAL_N)
     k = _FACTORIAL_N + 1
     while active.size:
@@ -272,7 +273,8 @@ def _laplace_attempt(source: RandomSource, t: int, s: int, n: int) -> IntArray:
     y = _laplace_magnitude(u[keep], v, t, s)
     negative = _random_bits(source, keep.size)
     ok = ~(negative & (y == 0))
-    return np.where(negative, -y, y)[ok]
+    signed: IntArray = np.where(negative, -y, y)[ok]
+    return signed
 
 
 def _laplace_magnitude(u: IntArray, v: IntArray, t: int, s: int) -> IntArray:

@@ -157,7 +157,7 @@ def is_catalog_relation(table: exp.Table) -> bool:
     return not schema and name.startswith("pg_")
 
 
-def is_catalog_query(statement: exp.Expression, policy_tables: Iterable[str]) -> bool:
+def is_catalog_query(statement: exp.Expr, policy_tables: Iterable[str]) -> bool:
     """A SELECT whose relations are all catalog relations (or none, as in ``SELECT 1``)."""
     if not isinstance(statement, (exp.Select, exp.Union, exp.Intersect, exp.Except)):
         return False
@@ -187,16 +187,17 @@ _TABLE_FUNCTIONS = {"generate_series", "exploding_generate_series", "unnest"}  #
 _OID_TYPES = {"regclass", "regtype", "regproc", "regprocedure", "regnamespace", "regrole", "oid", "regoper"}
 
 
-def rewrite_for_duckdb(tree: exp.Expression) -> exp.Expression:
+def rewrite_for_duckdb(tree: exp.Expr) -> exp.Expr:
     """Rewrite Postgres-only syntax the catalog queries use into what DuckDB runs."""
     for _ in range(3):  # a replaced node's children are not revisited in the same pass
         tree = tree.transform(_rewrite_node)
     return tree
 
 
-def _rewrite_node(node: exp.Expression) -> exp.Expression:
+def _rewrite_node(node: exp.Expr) -> exp.Expr:
     if isinstance(node, exp.Collate):
-        return node.this
+        collated: exp.Expr = node.this
+        return collated
     if isinstance(node, exp.Operator):
         op = str(node.args.get("operator", "")).rsplit(".", 1)[-1].strip()
         pairs = {"~": exp.RegexpLike, "=": exp.EQ, "<>": exp.NEQ, "<": exp.LT, ">": exp.GT,
@@ -271,14 +272,14 @@ _EXTRA_COLUMNS = {  # columns Postgres has and DuckDB's catalog views lack
 }
 
 
-def _extended_relation(table: exp.Table) -> exp.Expression:
+def _extended_relation(table: exp.Table) -> exp.Expr:
     name = table.name.casefold()
     alias = table.alias or table.name
     return sqlglot.parse_one(
         f"(SELECT *, {_EXTRA_COLUMNS[name]} FROM system.pg_catalog.{name}) AS {_quote(alias)}", read="duckdb")
 
 
-def _empty_relation(table: exp.Table) -> exp.Expression:
+def _empty_relation(table: exp.Table) -> exp.Expr:
     """A catalog relation DuckDB lacks, as an empty inline relation with Postgres's columns."""
     columns = _EMPTY_RELATIONS[table.name.casefold()]
     select = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in
@@ -287,13 +288,13 @@ def _empty_relation(table: exp.Table) -> exp.Expression:
     return sqlglot.parse_one(f"(SELECT {select} WHERE false) AS {_quote(alias)}", read="duckdb")
 
 
-def _function_name(node: exp.Expression) -> str:
+def _function_name(node: exp.Expr) -> str:
     if isinstance(node, exp.Anonymous):
         return str(node.name).casefold()
     return node.sql_name().casefold() if isinstance(node, exp.Func) else ""
 
 
-def _rewrite_cast(node: exp.Cast) -> exp.Expression:
+def _rewrite_cast(node: exp.Cast) -> exp.Expr:
     target = node.to
     kind = target.args.get("kind") if isinstance(target, exp.DataType) else None
     name = (kind.name if isinstance(kind, exp.Dot) else target.name if target else "").casefold()

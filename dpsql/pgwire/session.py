@@ -9,7 +9,6 @@ statements and portals, and the transaction status byte drivers expect.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import secrets
 import socket
@@ -85,7 +84,6 @@ class Host(Protocol):
     verifier: Any
     scram: Any
     tls: Any
-    pg: Any
     idle_timeout: float
     auth_floor_seconds: float
     stopping: Any
@@ -151,7 +149,7 @@ class Session:
         except m.ProtocolViolation as exc:
             log.info("pg client %s broke the protocol: %s", self.peer, exc)
             self._fatal("08P01", f"protocol violation: {exc}")
-        except (ConnectionError, TimeoutError, socket.timeout, ssl.SSLError, OSError):
+        except (ConnectionError, TimeoutError, ssl.SSLError, OSError):
             pass
         finally:
             try:
@@ -574,7 +572,7 @@ class Session:
             return _table_outcome(table, tag="SHOW")
         if name == "all":
             known = sorted(set(_STATIC) | _DPSQL | set(self.settings))
-            rows = [[n.encode(), self._setting(n).encode()] for n in known]
+            rows: list[list[bytes | None]] = [[n.encode(), self._setting(n).encode()] for n in known]
             return Outcome("SHOW", [m.Column("name", m.TEXT), m.Column("setting", m.TEXT)], rows)
         if name not in _STATIC and name not in _DPSQL and name not in self.settings and name != "session_authorization":
             raise Refusal("42704", f'unrecognized configuration parameter "{name}"')
@@ -628,7 +626,7 @@ def _startup_parameters(body: bytes) -> dict[str, str]:
     return params
 
 
-def _parse(sql: str) -> exp.Expression | None:
+def _parse(sql: str) -> exp.Expr | None:
     for dialect in ("postgres", "duckdb"):  # catalog queries are Postgres SQL
         try:
             tree = sqlglot.parse_one(sql, read=dialect)
@@ -639,7 +637,7 @@ def _parse(sql: str) -> exp.Expression | None:
     return None
 
 
-def _explain_call(tree: exp.Expression | None) -> str | None:
+def _explain_call(tree: exp.Expr | None) -> str | None:
     """The SQL inside ``SELECT dpsql.explain('...')``, or None."""
     if not isinstance(tree, exp.Select) or tree.args.get("from_") or tree.args.get("from") or len(tree.expressions) != 1:
         return None
@@ -670,7 +668,10 @@ def _describe(sql: str, epsilon: float | None, delta: float | None) -> str:
     text = " ".join(sql.split())
     if len(text) > _LOGGED_SQL_CHARS:
         text = text[:_LOGGED_SQL_CHARS] + "..."
-    amount = lambda v: "default" if v is None else f"{v:g}"  # noqa: E731
+
+    def amount(v: float | None) -> str:
+        return "default" if v is None else f"{v:g}"
+
     return f"sql={text!r} epsilon={amount(epsilon)} delta={amount(delta)}"
 
 

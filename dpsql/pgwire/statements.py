@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import Token, TokenType
+from sqlglot import Token, TokenType
 
 from dpsql import params
 from dpsql.errors import Error, QueryRejected

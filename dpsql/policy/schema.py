@@ -75,9 +75,9 @@ def _schema_problems(table: TablePolicy, schema: Mapping[str, Mapping[str, str]]
             f"(columns: {', '.join(columns)}); fix privacy_unit"
         )
     if table.privacy_link is not None:
-        column, target, target_column = table.privacy_link
-        if column.casefold() not in columns:
-            problems.append(f"table {table.name!r}: privacy_link column {column!r} is not in the table "
+        link_column, target, target_column = table.privacy_link
+        if link_column.casefold() not in columns:
+            problems.append(f"table {table.name!r}: privacy_link column {link_column!r} is not in the table "
                             f"(columns: {', '.join(columns)}); fix privacy_link")
         if target_column.casefold() not in schema.get(target.casefold(), {}):
             problems.append(f"table {table.name!r}: privacy_link references {target}.{target_column}, which is not "
@@ -121,7 +121,8 @@ def public_values_problem(column: ColumnPolicy, dtype: str) -> str:
     if values is None:
         return ""
     family = parse_type(dtype).family
-    expected = {"string": str, "number": (int, float), "boolean": bool}.get(family)
+    types_of: dict[str, type | tuple[type, ...]] = {"string": str, "number": (int, float), "boolean": bool}
+    expected = types_of.get(family)
     if expected is not None and all(
         isinstance(v, expected) and (family == "boolean" or not isinstance(v, bool)) for v in values
     ):

@@ -175,7 +175,8 @@ class BiasEstimate:
         def cell(c: Mapping[str, Any] | None) -> CellBias | None:
             if c is None:
                 return None
-            return CellBias(tuple(c["dropped_rows"]), tuple(tuple(x) for x in c["clipped"]))  # type: ignore[arg-type]
+            rows = (float(c["dropped_rows"][0]), float(c["dropped_rows"][1]))
+            return CellBias(rows, tuple((str(n), float(v), float(h)) for n, v, h in c["clipped"]))
 
         return cls(float(data["dropped_rows"]), float(data["half_width"]), int(data["clip"]), float(data["epsilon"]),
                    {k: (float(v[0]), float(v[1])) for k, v in data.get("clipped", {}).items()},
@@ -232,7 +233,7 @@ def bias_query(plan: QueryPlan, engine: Engine, qs: Sequence[Quantity]) -> exp.E
     (one column ``__b<i>`` per quantity, after the group keys)."""
     d = "duckdb"  # written in DuckDB's SQL; another engine gets the tree, transpiled
     unit = _unit(plan, engine) if _bounded(plan) else _row_id(engine, plan.sources[0])
-    projections: list[exp.Expression] = [exp.alias_(unit, "__u", quoted=True)]
+    projections: list[exp.Expr] = [exp.alias_(unit, "__u", quoted=True)]
     projections += [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
     for i, q in enumerate(qs[1:], 1):
         v = _value(q)

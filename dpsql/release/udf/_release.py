@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal, TypeGuard, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -90,7 +90,7 @@ class UDFRelease:
         }
 
 
-def _is_real(value: object) -> bool:
+def _is_real(value: object) -> TypeGuard[float | np.integer[Any] | np.floating[Any]]:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)
     )
@@ -105,12 +105,12 @@ def check_bounds(bounds: object, what: str = "the function") -> tuple[float, flo
     if bounds is None:
         raise QueryRejected(f"{what} has no bounds: pass bounds=(lo, hi), the range its "
                             "answers are clipped into; the noise is calibrated to it.")
-    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:  # type: ignore[arg-type]
+    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
         raise QueryRejected(f"bounds of {what} must be a pair (lo, hi), got {bounds!r}.")
-    lo, hi = bounds  # type: ignore[misc]
-    if not (_is_real(lo) and _is_real(hi)):
+    first, second = cast("tuple[object, object]", bounds)  # a sized object of two (checked above)
+    if not (_is_real(first) and _is_real(second)):
         raise QueryRejected(f"bounds of {what} must be two numbers (lo, hi), got {bounds!r}.")
-    lo, hi = float(lo), float(hi)
+    lo, hi = float(first), float(second)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise QueryRejected(f"bounds of {what} must be finite, got ({lo}, {hi}); "
                             "choose the range its answers can sensibly take.")

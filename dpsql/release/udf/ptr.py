@@ -199,7 +199,7 @@ def udf_sensitivity(local_sensitivity: LocalSensitivity, values: FloatArray, k: 
     r = _check_rows(rows_per_unit)
     try:
         raw = local_sensitivity(values, (k + 1) * r - 1)
-        bound = r * float(raw)  # type: ignore[arg-type]
+        bound = r * float(raw)
     except Exception:  # noqa: BLE001 - a failing bound is the widest bound
         return width
     if not math.isfinite(bound) or bound < 0:  # NaN, inf or negative: a broken bound is the widest

@@ -155,7 +155,7 @@ def validate_udf(name: str, fn: object, bounds: object = None,
             or not math.isfinite(time_limit) or time_limit <= 0:
         raise QueryRejected(f"UDF {lowered!r}: time_limit must be a number of seconds > 0, "
                             f"got {time_limit!r}.")
-    return UDF(lowered, fn, (lo, hi), local_sensitivity,  # type: ignore[arg-type]
+    return UDF(lowered, fn, (lo, hi), local_sensitivity,
                strategy, float(time_limit))  # type: ignore[arg-type]
 
 
