@@ -97,6 +97,7 @@ def explanation_payload(explanation: Any) -> dict[str, Any]:
         "accuracy": explanation.accuracy,
         "columns": {name: _plain(column) for name, column in columns.items()},
         "composition": None if composition is None else _plain(composition),
+        "bias": list(explanation.bias_text()) if hasattr(explanation, "bias_text") else [],
     }
 
 

@@ -420,6 +420,7 @@ def test_remote_explain_describes_every_column_as_the_embedded_one(server: Serve
     columns = lambda text: text.split("per output column")[1].split("measurements:")[0]  # noqa: E731
     assert columns(repr(there)) == columns(repr(here))
     assert "  med: " in repr(there) and "bounds [0, 100]" in repr(there)
+    assert "with bias=True" in repr(there) and there.bias == tuple(here.bias_text())
 
 
 def test_bias_estimates_over_flight(server: ServerProcess, tokens: dict[str, str]) -> None:
