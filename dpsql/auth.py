@@ -343,7 +343,7 @@ def _write_auth_file(path: str | os.PathLike[str], records: Mapping[str, TokenRe
     where = os.fspath(path)
     text = _render(records)
     if {n: r for n, r in tomllib.loads(text).get("analysts", {}).items()}.keys() != records.keys():
-        raise InternalError("the auth file did not round-trip through TOML; this is probably a bug in dpsql.")
+        raise InternalError("the auth file did not round-trip through TOML.")
     directory = os.path.dirname(os.path.abspath(where))
     fd, temporary = tempfile.mkstemp(prefix=".dpsql-auth-", suffix=".tmp", dir=directory)
     try:

@@ -48,6 +48,7 @@ import sqlglot.expressions as exp
 
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import PolicyError
+from dpsql.sqltypes import parse_type
 
 __all__ = [
     "DEFAULT_SHARE",
@@ -75,8 +76,6 @@ REFERENCE_EPSILON = 1.0
 #: The delta guard: a policy's per-query delta must be at most 1 / (DELTA_FACTOR n).
 DELTA_FACTOR = 10
 
-_NUMERIC = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
-            "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "REAL", "DECIMAL")
 
 
 # ---------------------------------------------------------------- records
@@ -234,8 +233,7 @@ class _Source:
         return list(zip(*(table.column(i).to_pylist() for i in range(table.num_columns)))) if table.num_rows else []
 
     def numeric(self, column: str) -> bool:
-        kind = self.types.get(column.casefold(), "").upper()
-        return kind.startswith(_NUMERIC)
+        return parse_type(self.types.get(column.casefold(), "")).family == "number"
 
 
 def _cap_figures(src: _Source, r: int, l0: int, grouping: str | None,

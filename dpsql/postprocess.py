@@ -15,7 +15,8 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from dpsql.errors import QueryRejected
+from dpsql.errors import QueryRejected, first_line
+from dpsql.hardened import lock, open_private
 from dpsql.plan import NOISY_TABLE, QueryPlan
 from dpsql.analyze.parse import DIALECT
 
@@ -28,17 +29,9 @@ class Postprocessor:
     """Runs output queries over noisy tables on a private, data-free DuckDB."""
 
     def __init__(self) -> None:
-        self._con = duckdb.connect(
-            ":memory:",
-            config={
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-                "python_enable_replacements": False,
-            },
-        )
+        self._con = open_private()
         self._con.execute("SET error_on_division_by_zero = false")
-        self._con.execute("SET enable_external_access = false")
-        self._con.execute("SET lock_configuration = true")
+        lock(self._con)
         self._lock = threading.Lock()
 
     def check(self, plan: QueryPlan, noisy_schema: pa.Schema) -> None:
@@ -88,7 +81,7 @@ class Postprocessor:
             except duckdb.Error as e:
                 raise QueryRejected(
                     f"the select list, HAVING or ORDER BY cannot be evaluated on the noisy "
-                    f"aggregates: {str(e).splitlines()[0]}"
+                    f"aggregates: {first_line(e)}"
                 ) from None
             finally:
                 self._con.unregister(NOISY_TABLE)

@@ -41,13 +41,18 @@ class PrivacyReport:
     columns: Mapping[str, ColumnPrivacy] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
-    def __repr__(self) -> str:
-        lines = [f"PrivacyReport(epsilon={self.epsilon:g}, delta={self.delta:g})"]
+    def format(self, header: str | None = None) -> str:
+        """The report as text: ``header`` (by default the cost), then a line per column and
+        per note (what ``repr`` and ``dpsql query`` show)."""
+        lines = [header or f"PrivacyReport(epsilon={self.epsilon:g}, delta={self.delta:g})"]
         for name, col in self.columns.items():
             std = f", noise std {col.noise_std:.4g}" if col.noise_std is not None else ""
             lines.append(f"  {name}: {col.mechanism}{std}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.format()
 
 
 class Accuracy(Mapping[str, float]):

@@ -316,8 +316,7 @@ def _answering(what: str, context: flight.ServerCallContext, answer: Callable[[]
         log.error("%s failed with an unexpected %s (incident %s) from %s; stack:\n%s", what,
                   type(exc).__name__, incident, context.peer(), "".join(traceback.format_tb(exc.__traceback__)))
         error = InternalError(
-            f"the dpsql server failed unexpectedly (incident {incident}, logged on the server). "
-            "This is probably a bug in dpsql: please report it."
+            f"the dpsql server failed unexpectedly (incident {incident}, logged on the server)."
         )
         raise flight.FlightInternalError(str(error), extra_info=error_payload(error)) from None
 

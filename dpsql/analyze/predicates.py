@@ -48,7 +48,6 @@ import datetime as dt
 import itertools
 import math
 import re
-import threading
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -58,7 +57,8 @@ import sqlglot.expressions as exp
 from dpsql import sqltypes
 from dpsql.analyze.parse import reject
 from dpsql.diagnose import quote
-from dpsql.errors import PolicyError
+from dpsql.errors import PolicyError, first_line
+from dpsql.hardened import scratch_rows
 from dpsql.intervals import ANALYST_CLAMP
 from dpsql.policy import ColumnPolicy
 from dpsql.policy.schema import public_values_problem
@@ -548,8 +548,6 @@ def member(column: exp.Expression, dtype: str, values: tuple[object, ...]) -> ex
 #: Expression keys over public columns are enumerated only up to this many input combinations.
 MAX_ENUMERATED = 100_000
 
-_scratch_lock = threading.Lock()
-_scratch: list[duckdb.DuckDBPyConnection] = []
 
 
 def enumerate_key(
@@ -572,16 +570,10 @@ def enumerate_key(
     )
     query = exp.select(exp.alias_(local, "k", quoted=True)).from_(values).distinct()
     query = query.order_by(exp.column("k", quoted=True))
-    with _scratch_lock:
-        if not _scratch:
-            con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
-            _scratch.append(con)
-        try:
-            result = _scratch[0].sql(query.sql(dialect="duckdb")).fetchall()
-        except duckdb.Error as e:
-            raise reject(f"this GROUP BY expression cannot be evaluated: {str(e).splitlines()[0]}", sql, node) from None
+    try:
+        result = scratch_rows(query.sql(dialect="duckdb"))
+    except duckdb.Error as e:
+        raise reject(f"this GROUP BY expression cannot be evaluated: {first_line(e)}", sql, node) from None
     return tuple(r[0] for r in result)
 
 

@@ -28,7 +28,8 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.version import __version__
-from dpsql.errors import Error, QueryRejected
+from dpsql.errors import Error, QueryRejected, first_line
+from dpsql.hardened import lock, open_private
 from dpsql.policy import ColumnPolicy, Policy
 
 __all__ = ["CATALOG_SCHEMAS", "Catalog", "SERVER_VERSION", "is_catalog_relation"]
@@ -89,7 +90,7 @@ class Catalog:
 
     def __init__(self, policy: Policy) -> None:
         self._lock = threading.Lock()
-        self._con = duckdb.connect(":memory:", config={"threads": 1, "memory_limit": "256MB"})
+        self._con = open_private(threads=1, memory_limit="256MB")
         con = self._con
         con.execute(f'ATTACH \':memory:\' AS "{DATABASE}"')
         con.execute(f'USE "{DATABASE}"')
@@ -103,8 +104,7 @@ class Catalog:
                 columns.insert(0, ColumnPolicy(table.privacy_unit, "filter"))
             body = ", ".join(f"{_quote(c.name)} {_type_of(c)}" for c in columns) or '"_" VARCHAR'
             con.execute(f"CREATE TABLE {_quote(table.name)} ({body})")
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
+        lock(con)
         self.tables = frozenset(policy.tables)
 
     def answer(self, statement: exp.Expression) -> pa.Table:
@@ -118,7 +118,7 @@ class Catalog:
             except duckdb.InterruptException:
                 raise QueryRejected(f"the catalog query took longer than {TIMEOUT_SECONDS:g} s and was stopped.") from None
             except duckdb.Error as exc:
-                first = str(exc).splitlines()[0]
+                first = first_line(exc)
                 raise Error(f"dpsql cannot answer this catalog query ({first}).") from None
             finally:
                 timer.cancel()

@@ -4,18 +4,12 @@ column's type (what a query would otherwise refuse later)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from dpsql.errors import PolicyError
 from dpsql.policy.model import ColumnPolicy, Policy, TablePolicy
 
 __all__ = ["check_against_schema", "public_values_problem"]
-
-_NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common aliases
-    r"U?(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|INT[1248]?|LONG|SHORT"
-    r"|FLOAT[48]?|REAL|DOUBLE|(DECIMAL|NUMERIC)(\(\s*\d+\s*(,\s*\d+\s*)?\))?"
-)
 
 def check_against_schema(policy: Policy, schema: Mapping[str, Mapping[str, str]]) -> None:
     """Check that the database has every table and column the policy names.
@@ -96,7 +90,9 @@ def _column_problem(table: TablePolicy, column: ColumnPolicy, columns: Mapping[s
     if kind is None:
         known = ", ".join(columns)
         return f"{place} is not in the table (columns: {known}); fix the name or remove it"
-    if column.bounds is not None and not _NUMERIC_TYPE.fullmatch(kind.strip().upper()):
+    from dpsql.sqltypes import parse_type  # noqa: PLC0415 - loads sqlglot
+
+    if column.bounds is not None and parse_type(kind).family != "number":
         return (
             f"{place}: bounds need a numeric column, but it is {kind}; remove bounds "
             '(use access = "group" or public_values instead)'

@@ -313,7 +313,7 @@ class PLDAccountant:
             InternalError: If ``counts`` is empty.
         """
         if not counts:
-            raise InternalError("no events to compose. This is probably a bug in dpsql.")
+            raise InternalError("no events to compose.")
         key = frozenset((e, n) for e, n in counts.items() if n > 0)
         with self._lock:
             if key in self._composed:

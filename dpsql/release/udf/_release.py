@@ -126,11 +126,9 @@ def check_bounds(bounds: object, what: str = "the function") -> tuple[float, flo
 def check_budget(epsilon: float, delta: float, *, need_delta: bool, mechanism: str) -> None:
     """Raise unless ``epsilon > 0`` and ``0 <= delta < 1`` (``delta > 0`` if needed)."""
     if not _is_real(epsilon) or not math.isfinite(epsilon) or epsilon <= 0:
-        raise InternalError(f"{mechanism} needs a finite epsilon > 0, got {epsilon!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{mechanism} needs a finite epsilon > 0, got {epsilon!r}.")
     if not _is_real(delta) or not 0 <= delta < 1:
-        raise InternalError(f"{mechanism} needs 0 <= delta < 1, got {delta!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{mechanism} needs 0 <= delta < 1, got {delta!r}.")
     if need_delta and delta <= 0:
         raise QueryRejected(f"{mechanism} needs delta > 0 (it is (epsilon, delta)-DP); pass "
                             "a delta, e.g. delta=1e-7, or use sample-and-aggregate (pure epsilon).")
@@ -149,8 +147,7 @@ def exponent_for(width: float, bits: int) -> int:
     -5
     """
     if not (math.isfinite(width) and width > 0):
-        raise InternalError(f"lattice width must be finite and > 0, got {width!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"lattice width must be finite and > 0, got {width!r}.")
     return math.frexp(width)[1] - bits
 
 

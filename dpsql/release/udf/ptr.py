@@ -188,8 +188,7 @@ def quantile_sensitivity(sorted_values: FloatArray, q: float, bounds: tuple[floa
 def _check_rows(rows_per_unit: int) -> int:
     if isinstance(rows_per_unit, bool) or not isinstance(rows_per_unit, (int, np.integer)) \
             or rows_per_unit < 1:
-        raise InternalError(f"rows_per_unit must be an integer >= 1, got {rows_per_unit!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"rows_per_unit must be an integer >= 1, got {rows_per_unit!r}.")
     return int(rows_per_unit)
 
 

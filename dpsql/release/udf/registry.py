@@ -87,10 +87,9 @@ def _keywords() -> set[str]:
 
 def _duckdb_functions() -> set[str]:
     try:
-        import duckdb
+        from dpsql.hardened import scratch_rows
 
-        with duckdb.connect(":memory:") as con:
-            rows = con.execute("SELECT DISTINCT function_name FROM duckdb_functions()").fetchall()
+        rows = scratch_rows("SELECT DISTINCT function_name FROM duckdb_functions()")
     except Exception:  # noqa: BLE001 - sqlglot's list still applies
         return set()
     return {str(name).lower() for (name,) in rows}
