@@ -64,6 +64,7 @@ class RemoteExplanation:
         columns: per output column, its mechanism, noise and expected accuracy (dicts).
         composition: how the ledger's accountant would compose the charge (a dict with
             ``accountant``, ``before``, ``after``, ``budget``), or ``None``.
+        bias: what ``execute(sql, bias=True)`` would add, as text lines.
     """
 
     epsilon: float
@@ -74,13 +75,15 @@ class RemoteExplanation:
     accuracy: Mapping[str, float] = field(default_factory=dict)
     columns: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     composition: Mapping[str, Any] | None = None
+    bias: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """The same text as the embedded :meth:`dpsql.explain.Explanation.describe`."""
         from dpsql.display import explanation_text  # noqa: PLC0415
 
-        return explanation_text(self.epsilon, self.delta, self.mechanism, self.columns, self.composition,
+        text = explanation_text(self.epsilon, self.delta, self.mechanism, self.columns, self.composition,
                                 self.mechanisms)
+        return "\n".join([text, *self.bias])
 
     def __repr__(self) -> str:
         return self.describe()
@@ -131,20 +134,23 @@ class Client:
         self.dialect = dialect
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
-                dialect: str | None = None) -> Result:
-        """Answer ``sql`` with differential privacy on the server, charging (epsilon, delta).
+                bias: bool = False, dialect: str | None = None) -> Result:
+        """Answer ``sql`` with differential privacy on the server, charging (epsilon, delta);
+        ``bias=True`` as for :meth:`dpsql.Connection.execute` (10% of epsilon buys ``res.bias``).
         ``dialect``: the SQL dialect ``sql`` is written in ("bigquery", "postgres", "tsql" ...,
         sqlglot's reader names; default the client's ``dialect``, else DuckDB's)."""
-        ticket = flight.Ticket(request_body(sql, epsilon, delta, dialect or self.dialect))
+        ticket = flight.Ticket(request_body(sql, epsilon, delta, bias, dialect or self.dialect))
         table = self._call(lambda: self._flight.do_get(ticket, self._options).read_all())
         return decode_result(table, sql)
 
     def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
                 dialect: str | None = None) -> RemoteExplanation:
         """What ``sql`` would be charged, its mechanisms, bounded SQL and expected accuracy."""
-        answer = self._action("explain", request_body(sql, epsilon, delta, dialect or self.dialect))
+        answer = self._action("explain", request_body(sql, epsilon, delta, dialect=dialect or self.dialect))
         known = {f.name for f in fields(RemoteExplanation)}
-        return RemoteExplanation(**{k: v for k, v in answer.items() if k in known})
+        given = {k: v for k, v in answer.items() if k in known}
+        given["bias"] = tuple(given.get("bias") or ())
+        return RemoteExplanation(**given)
 
     def budget(self) -> BudgetStatus:
         """What this analyst has spent and has left."""

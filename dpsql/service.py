@@ -98,13 +98,14 @@ class Service:
                 self._connections[analyst] = conn
             return conn
 
-    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None,
-                dialect: str | None = None) -> Result:
+    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None, *,
+                bias: bool = False, dialect: str | None = None) -> Result:
         """Answer a query for ``analyst``: rate-limited, then the pipeline, whose answers
-        (when it reads data) are released at their deadline (:mod:`dpsql.timing`).
+        (when it reads data) are released at their deadline (:mod:`dpsql.timing`); ``bias``
+        asks for the bias estimates (:mod:`dpsql.release.bias`, inside the same deadline);
         ``dialect``: the SQL dialect ``sql`` is written in (default DuckDB's)."""
         self._rate.take(analyst)
-        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, dialect=dialect)
+        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias, dialect=dialect)
 
     def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None,
                 dialect: str | None = None) -> Explanation:

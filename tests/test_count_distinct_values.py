@@ -152,7 +152,7 @@ def test_audit_passes_with_the_cap_and_catches_it_missing(tmp_path: Path, monkey
     report = audit(db, root / "policies" / "demo.toml", sql, epsilon=1.0, runs=200, unit_groups=200,
                    confidence=0.9999)
     assert report.passed, report.format()
-    monkeypatch.setattr(rewrite, "_kept_values", lambda v, cap: rewrite._func("list_distinct", rewrite._func("list", v)))
+    monkeypatch.setattr(rewrite, "kept_values", lambda v, cap: rewrite._func("list_distinct", rewrite._func("list", v)))
     report = audit(db, root / "policies" / "demo.toml", sql, epsilon=1.0, runs=200, unit_groups=200,
                    confidence=0.9999)
     assert not report.passed, report.format()
