@@ -256,7 +256,7 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     return query
 
 
-def _engine_tables(engine: Engine, node: exp.Expression) -> exp.Expression:
+def _engine_tables(engine: Engine, node: exp.Expr) -> exp.Expr:
     """``node`` with every policy table it names (an IN / EXISTS subquery's) the engine's."""
     for table in list(node.find_all(exp.Table)):
         real = engine.table(table.name)

@@ -8,7 +8,6 @@ questions that differ only in their subquery never share a cached answer.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import duckdb
 import numpy as np

@@ -28,7 +28,7 @@ any out-of-bounds value.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import sqlglot.expressions as exp
@@ -142,7 +142,7 @@ def nests(body: exp.Select, ctes: Mapping[str, exp.Select]) -> bool:
 
 def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
                 schema: Mapping[str, Mapping[str, str]], aggregating: bool = False,
-                alias: str = SOURCE_ALIAS) -> tuple[Scope, exp.Expression | None]:
+                alias: str = SOURCE_ALIAS) -> tuple[Scope, exp.Expr | None]:
     """The scope of a subquery's FROM and JOINs, read exactly as a whole query's are (policy
     tables, CTEs, subqueries; private tables joined on their units, public ones on any
     equality), and its row condition (its WHERE and its inlined subqueries'), compiled.
@@ -151,7 +151,7 @@ def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
     joined row is one unit's, and removing a unit removes exactly its joined rows (public
     tables are the same on both sides); the outer query then bounds, clips and noises
     those rows as it would a table's (with the product of the row caps, as for any join)."""
-    from dpsql.analyze.scope import Scope, _add, _ctes, resolve
+    from dpsql.analyze.scope import Scope, _add, _ctes
 
     sql = scope.sql
     local_ctes = {**ctes, **_ctes(sql, body)}
@@ -170,11 +170,17 @@ def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
             sql, from_.this)
     for join in body.args.get("joins") or []:
         _add(inner, join.this, local_ctes, schema, pending, join=join)
-    conditions = [predicates.check_where(sql, c, lambda col, s=s: resolve(s, col)) for c, s in pending]
+    conditions: list[exp.Expression] = [predicates.check_where(sql, c, _resolver(s)) for c, s in pending]
     where = body.args.get("where")
     if where is not None:
-        conditions.append(predicates.check_where(sql, where.this, lambda col: resolve(inner, col)))
+        conditions.append(predicates.check_where(sql, where.this, _resolver(inner)))
     return inner, (exp.and_(*conditions) if conditions else None)
+
+
+def _resolver(scope: Scope) -> Callable[[exp.Column], Resolved]:
+    from dpsql.analyze.scope import resolve
+
+    return lambda column: resolve(scope, column)
 
 
 def nested_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
@@ -196,7 +202,7 @@ def nested_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
     local, condition = inner_scope(scope, body, ctes, schema)
     columns: dict[str, ColumnPolicy] = {}
     types: dict[str, str] = {}
-    projections: list[exp.Expression] = []
+    projections: list[exp.Expr] = []
     unit_name: str | None = None
     for out, r in _projected(local, body):
         if out.casefold() in types:

@@ -45,7 +45,7 @@ def lift_semijoins(ctx: Context) -> None:
     if where is None:
         return
     conjuncts = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
-    kept: list[exp.Expression] = []
+    kept: list[exp.Expr] = []
     for c in conjuncts:
         body = _subquery(c.unnest())
         if body is not None and _reads_private(ctx, body):
@@ -76,7 +76,7 @@ def compile_semijoins(ctx: Context) -> None:
         ctx.condition = exp.and_(*([ctx.condition] if ctx.condition is not None else []), *compiled)
 
 
-def _subquery(node: exp.Expression) -> exp.Select | None:
+def _subquery(node: exp.Expr) -> exp.Select | None:
     core = node.this if isinstance(node, exp.Not) else node
     core = core.unnest()
     if isinstance(core, exp.Exists) and isinstance(core.this, exp.Select):
@@ -95,7 +95,7 @@ def _reads_private(ctx: Context, body: exp.Select) -> bool:
     return False
 
 
-def _compile(ctx: Context, node: exp.Expression) -> exp.Expression:
+def _compile(ctx: Context, node: exp.Expr) -> exp.Expr:
     from dpsql.analyze.derived import inner_scope, joined_sources
 
     sql = ctx.sql
@@ -136,7 +136,7 @@ def _compile(ctx: Context, node: exp.Expression) -> exp.Expression:
         if not isinstance(selected, exp.Column) or not isinstance(core.this, exp.Column):
             raise reject("write IN (SELECT column ...) with a column on each side, e.g. unit IN (SELECT unit FROM t "
                          "WHERE ...).", sql, core)
-        left, right = resolve(outer, core.this), resolve(inner, selected.unalias())
+        left, right = resolve(outer, core.this), resolve(inner, selected)
         if _tied(left, right):
             ties.append((left, right))
         conditions.append(predicates.join_equality(sql, left, right, core))
@@ -164,7 +164,7 @@ def _resolve_either(inner: Scope, outer: Scope, column: exp.Column) -> Resolved:
         return resolve(outer, column)
 
 
-def _tie(inner: Scope, outer: Scope, node: exp.Expression) -> tuple[Resolved, Resolved] | None:
+def _tie(inner: Scope, outer: Scope, node: exp.Expr) -> tuple[Resolved, Resolved] | None:
     """The (outer, inner) columns of an equality tying the subquery to the outer unit."""
     if not (isinstance(node, exp.EQ) and isinstance(node.this, exp.Column) and isinstance(node.expression, exp.Column)):
         return None
@@ -194,11 +194,11 @@ def _tied(a: Resolved, b: Resolved) -> bool:
     return False
 
 
-def _unit_equality(ctx: Context, inner: Scope, outer: Scope) -> exp.Expression:
+def _unit_equality(ctx: Context, inner: Scope, outer: Scope) -> exp.Expr:
     """``inner unit = outer unit`` (added whatever the tie, so no row of another unit can
     ever be reached)."""
     mine = inner.primary
     theirs = outer.primary
     a = resolve(inner, exp.column(str(mine.table.privacy_unit), table=mine.name))
     b = resolve(outer, exp.column(str(theirs.table.privacy_unit), table=theirs.name))
-    return predicates.join_equality(ctx.sql, a, b, None)  # type: ignore[arg-type]
+    return predicates.join_equality(ctx.sql, a, b, None)

@@ -315,7 +315,7 @@ def distinct_values(node: exp.Expression) -> exp.Expression:
     ``collect_list``, ``list_distinct``/``list_sort`` -> ``array_distinct``/``array_sort``,
     ``flatten``, ``list_transform`` -> ``transform``, the struct) in Spark's words."""
     if _is_fn(node, "list_slice"):
-        return _fn("slice", *node.expressions)  # type: ignore[attr-defined]
+        return _fn("slice", *node.expressions)
     if isinstance(node, exp.Length) and isinstance(node.this, exp.ArrayDistinct):
         return _fn("size", node.this)
     return node
