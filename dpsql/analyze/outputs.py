@@ -16,7 +16,7 @@ from dpsql.analyze.parse import DIALECT, point_at, reject
 from dpsql.analyze.scope import Resolved
 from dpsql.diagnose import quote
 from dpsql.errors import PolicyViolation, QueryRejected
-from dpsql.intervals import bounds
+from dpsql.intervals import ANALYST_CLAMP, bounds
 from dpsql.plan import NOISY_TABLE, SOURCE_ALIAS, Aggregate, QuantileSpec
 from dpsql.policy import ColumnPolicy
 
@@ -189,10 +189,13 @@ def _is_value_release(ctx: Context, node: exp.Expression) -> bool:
 
 def _add_value_release(ctx: Context, node: exp.Expression) -> str:
     """MEDIAN, QUANTILE_CONT / PERCENTILE_CONT ... WITHIN GROUP, or a registered UDF."""
-    column, target_of = _value_call(ctx, node)
+    argument, target_of = _value_call(ctx, node)
+    clamp = _clamp_of(argument)
+    column = clamp[0] if clamp is not None else argument
+    assert isinstance(column, exp.Column)
     resolved = _column(ctx, column)
     _check_aggregatable(ctx, resolved, node)
-    target = target_of(resolved.policy.bounds)
+    target = target_of(_narrowed(resolved.policy.bounds, None if clamp is None else clamp[1]))
     key = f"value:{_source_text(node).casefold()}:{_key_identity(resolved)}"
     if key not in ctx.values:
         agg = Aggregate(f"__a{len(ctx.aggregates) + len(ctx.values)}", "value", _source_text(node), (), resolved.policy.bounds)
@@ -224,6 +227,31 @@ def _value_call(ctx: Context, node: exp.Expression):  # type: ignore[no-untyped-
     if len(node.expressions) != 1:
         raise reject(f"{udf.name} takes one column.", ctx.sql, node)
     return _bare_column(ctx, node.expressions[0], node), lambda b: udf
+
+
+def _clamp_of(arg: exp.Expr) -> tuple[exp.Column, tuple[float, float]] | None:
+    """``(column, (lo, hi))`` of an analyst's per-row bounds on an order statistic's column
+    (BigQuery's ``contribution_bounds_per_row``, written ``__dp_bounds(x, lo, hi)``)."""
+    if not (isinstance(arg, exp.Anonymous) and arg.name.lower() == ANALYST_CLAMP and len(arg.expressions) == 3):
+        return None
+    column, lo, hi = arg.expressions
+    if not isinstance(column, exp.Column):
+        return None
+    try:
+        return column, (float(lo.sql()), float(hi.sql()))
+    except ValueError:
+        return None
+
+
+def _narrowed(policy: tuple[float, float] | None, analyst: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The policy's bounds, narrowed (never widened) by the analyst's."""
+    if policy is None or analyst is None:
+        return policy
+    lo, hi = max(float(policy[0]), analyst[0]), min(float(policy[1]), analyst[1])
+    if not lo < hi:
+        raise QueryRejected(f"the bounds ({analyst[0]:g}, {analyst[1]:g}) do not overlap the column's bounds "
+                            f"[{policy[0]:g}, {policy[1]:g}]; an analyst may only narrow them.")
+    return lo, hi
 
 
 def _float_bounds(bounds: tuple[float, float] | None) -> tuple[float, float]:
@@ -413,7 +441,10 @@ def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Expres
     )
 
 
-def _bare_column(ctx: Context, arg: exp.Expression, node: exp.Expression) -> exp.Column:
+def _bare_column(ctx: Context, arg: exp.Expression, node: exp.Expression) -> exp.Expr:
+    """The column an order statistic reads (or its analyst-bounded form, :func:`_clamp_of`)."""
+    if _clamp_of(arg) is not None:
+        return arg
     if isinstance(node, exp.Count) and isinstance(arg, exp.Literal):  # COUNT(1): the user meant rows
         raise reject(f"{quote(ctx.sql, node)}: write COUNT(*) to count rows, or COUNT(column) to count a "
                      "column's non-NULL values.", ctx.sql, node)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from dpsql.analyze.parse import point_at, reject
-from dpsql.analyze.predicates import join_equality
+from dpsql.analyze.predicates import check_where, join_equality
 from dpsql.diagnose import did_you_mean
 from dpsql.errors import PolicyViolation
 from dpsql.plan import SOURCE_ALIAS, Source
@@ -431,6 +431,9 @@ def _follows_a_link(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Reso
                     and y.entry.table.name.casefold() == target.casefold()
                     and y.policy.name.casefold() == target_column.casefold()):
                 return True
+            if (y.entry.link == link and x.policy.name.casefold() == column.casefold()
+                    and y.policy.name.casefold() == column.casefold()):
+                return True  # two linked tables on one link key (lineitem a JOIN lineitem b ON a.l_orderkey = b.l_orderkey)
     return False
 
 
@@ -447,13 +450,23 @@ def _equalities(scope: Scope, on: exp.Expression) -> tuple[list[tuple[Resolved, 
     fail, nor match, on some values only)."""
     conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
     pairs, equalities = [], []
+    others: list[exp.Expression] = []
     for c in conjuncts:
         c = c.unnest()
         if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
-            raise reject("JOIN ... ON takes equalities of columns joined by AND.", scope.sql, c)
+            assert isinstance(c, exp.Expression)
+            others.append(c)
+            continue
         a, b = resolve(scope, c.this), resolve(scope, c.expression)
         equalities.append(join_equality(scope.sql, a, b, c))
         pairs.append((a, b))
+    if not pairs:
+        raise reject("JOIN ... ON needs an equality of columns (other conditions may follow it with AND).",
+                     scope.sql, on)
+    # The rest of a (LEFT) join's ON: row-level conditions, checked total like WHERE (an
+    # inner join's were moved to WHERE by dpsql.normalize). They pick which rows pair, and
+    # every pair is still one unit's: the unit equality is required all the same.
+    equalities += [check_where(scope.sql, c, lambda column: resolve(scope, column)) for c in others]
     return pairs, equalities
 
 
