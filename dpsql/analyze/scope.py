@@ -10,7 +10,9 @@ joined rows of each unit, so a join that repeats rows cannot raise the sensitivi
 - ``[INNER | LEFT] JOIN`` another private table on the two privacy units (plus any other
   equalities); the caps compose (see "Joined private tables" below);
 - a CTE or a subquery in FROM that only projects columns (``*`` or columns, renamed or
-  not) and filters rows of one policy table: it is inlined.
+  not) and filters rows of one policy table: it is inlined; one that joins, nests or
+  aggregates per unit is a derived table (:mod:`dpsql.analyze.derived`);
+- a LEFT JOIN's ON may add row-level conditions to its equalities (checked like WHERE).
 
 Joined private tables (DESIGN §4, issue 15). Neighbours differ in all rows of one unit, in
 every table at once. Private tables join on their units, so a joined row ``(a, b)`` has
@@ -34,10 +36,10 @@ sum by at most ``R * row_bound`` and touches at most ``L0`` groups: L1 sensitivi
 ``tests/test_join_caps.py`` checks the caps, that a 1:N join's COUNT and SUM cover the truth
 at the reported 95% (statistically), and audits the sensitivity (``dpsql audit``).
 
-Refused, with the reason: RIGHT, FULL, CROSS and NATURAL joins, joins without ON, private
-tables joined on anything but their units, self-joins of a private table, a public table in
-FROM (the private table must come first), and CTEs or subqueries that aggregate, join,
-limit or compute.
+Refused, with the reason: RIGHT, FULL, CROSS and NATURAL joins, joins without an equality
+in ON, private tables joined on anything but their units (or a privacy_link key), a public
+table first in FROM (the private table must come first), and CTEs or subqueries that
+compute columns, limit, or aggregate without grouping by the unit.
 """
 
 from __future__ import annotations
