@@ -102,3 +102,12 @@ def test_bigquery_percentile_cont_takes_the_value_first_and_narrows_its_bounds(d
         assert (release.target.q, release.target.bounds) == (0.5, (10.0, 500.0))  # the analyst's, inside the policy's
         with pytest.raises(dpsql.QueryRejected, match="never widen"):
             conn.plan(sql.replace("(10, 500)", "(10, 2000)"))
+
+
+def test_left_joined_filtered_subquery_keeps_the_unmatched_rows(db: str) -> None:
+    """The subquery's WHERE filters its own rows before the join (it used to be moved to the
+    outer WHERE, which dropped every customer without a matching order: 0 here, not 30)."""
+    none = "SELECT COUNT(*) FROM customers c LEFT JOIN (SELECT * FROM orders WHERE price > 1e12) o ON c.cid = o.cid"
+    some = "SELECT COUNT(*) FROM customers c LEFT JOIN (SELECT cid, price FROM orders WHERE price > 500) o ON c.cid = o.cid"
+    assert _exact(db, none) == _sql(db, none) == 30
+    assert _exact(db, some) == _sql(db, some)

@@ -225,10 +225,11 @@ def _add(
     join: exp.Join | None,
 ) -> Entry:
     canonical = scope.alias if not scope.entries else f"{scope.alias}{len(scope.entries)}"
+    left = join is not None and (join.side or "").upper() == "LEFT"
     if isinstance(node, exp.Subquery):
-        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node, ctes)
+        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node, ctes, left)
     elif isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in ctes:
-        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node, ctes)
+        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node, ctes, left)
     else:
         entry, where = _table_entry(scope, node, canonical, schema), None
     if entry.name.casefold() in scope.entries:
@@ -342,6 +343,7 @@ def _inline(
     schema: Mapping[str, Mapping[str, str]],
     node: exp.Expression,
     ctes: dict[str, exp.Select] | None = None,
+    left: bool = False,
 ) -> tuple[Entry, tuple[exp.Expression, Scope] | None]:
     """A CTE or FROM subquery that only projects and filters one table, as an entry; one
     that aggregates per unit, joins or nests is a derived table (:mod:`dpsql.analyze.derived`)."""
@@ -353,6 +355,15 @@ def _inline(
     if derived.aggregates(body):
         return derived.per_unit_entry(scope, body, name, canonical, schema, node, ctes or {}), None
     if derived.nests(body, ctes or {}):
+        return derived.nested_entry(scope, body, name, canonical, schema, ctes or {}), None
+    if left and body.args.get("where") is not None:
+        # A LEFT-joined subquery's WHERE filters its own rows before the join; inlined into
+        # the outer WHERE it would also drop the left rows it leaves unmatched.
+        first = body.args.get("from_") or body.args.get("from")
+        table = scope.policy.table(first.this.name) if first is not None and isinstance(first.this, exp.Table) else None
+        if table is not None and table.public:
+            raise reject("a LEFT-joined subquery over a public table may not filter its rows; put the condition in "
+                         "the JOIN's ON instead (ON a.k = b.k AND <condition>).", sql, node)
         return derived.nested_entry(scope, body, name, canonical, schema, ctes or {}), None
     extra = [k for k, v in body.args.items() if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where")]
     inner_from = body.args.get("from_") or body.args.get("from")
