@@ -23,6 +23,8 @@ from dpsql.auth import revoke_token  # noqa: E402
 from dpsql.demo import make_demo_database  # noqa: E402
 from pgwire_helpers import PgServerProcess, small_budget_policy, token_for  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 BY_REGION = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
 PSQL = shutil.which("psql")
 needs_psql = pytest.mark.skipif(PSQL is None, reason="psql is not installed (apt-get install postgresql-client)")

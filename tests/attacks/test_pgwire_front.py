@@ -24,7 +24,7 @@ from dpsql.pgwire import statements  # noqa: E402
 from dpsql.pgwire.catalog import is_catalog_query  # noqa: E402
 from pgwire_helpers import DEMO_POLICY, PgServerProcess, token_for  # noqa: E402
 
-pytestmark = pytest.mark.attack
+pytestmark = [pytest.mark.attack, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
