@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import dpsql
-from dpsql.demo import make_demo_database
 from dpsql.policy import parse_policy
 
 from policy_builder import policy_text
@@ -25,10 +24,9 @@ x = { bounds = [0, 100] }
 
 
 @pytest.fixture(scope="module")
-def parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def parquet(tmp_path_factory: pytest.TempPathFactory, demo_db: Path) -> Path:
     folder = tmp_path_factory.mktemp("views")
-    make_demo_database(folder / "demo.duckdb", rows=20_000, units=2_000)
-    with duckdb.connect(str(folder / "demo.duckdb"), read_only=True) as con:
+    with duckdb.connect(str(demo_db), read_only=True) as con:
         for name in ("visits", "regions"):
             con.execute(f"COPY {name} TO '{folder / name}.parquet' (FORMAT parquet)")
     return folder
