@@ -81,6 +81,8 @@ class DuckDBEngine:
     """DuckDB, opened from a file path or wrapping an existing connection."""
 
     dialect = "duckdb"
+    #: binds a Python list as one parameter (long lists of public keys, :mod:`dpsql.rewrite`)
+    list_parameters = True
 
     def __init__(
         self, database: str | os.PathLike[str] | duckdb.DuckDBPyConnection, *, data_version: str | None = None

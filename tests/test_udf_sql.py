@@ -50,7 +50,9 @@ def test_median_is_accurate_and_names_its_mechanism(conn) -> None:
         (value,) = res.fetchall()[0]
         hits += abs(value - 40) <= 3
     assert hits >= 18  # weak bound that cannot flake; measured figures are in the notes
-    assert res.privacy.columns["m"].mechanism in ("smooth_sensitivity", "ptr")
+    # chosen by modelled error: at ~4,000 units and epsilon 1, sample-and-aggregate and smooth
+    # sensitivity (which spends 20% on the private bound behind its ±) are close
+    assert res.privacy.columns["m"].mechanism in ("smooth_sensitivity", "ptr", "sample_and_aggregate")
     assert any("median" in n for n in res.privacy.notes)
 
 

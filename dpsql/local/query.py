@@ -42,7 +42,7 @@ from dpsql.errors import PolicyViolation, QueryRejected
 from dpsql.local.reporter import ColumnMechanism, mechanisms_for
 from dpsql.local.frequency import CategoryReports
 from dpsql.local.store import ReportStore
-from dpsql.policy import Policy, TablePolicy
+from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
 __all__ = ["answer", "references_local_table"]
@@ -155,7 +155,7 @@ def _group_key(select: exp.Select, table: TablePolicy, sql: str) -> str | None:
     return name
 
 
-def _column(table: TablePolicy, name: str):  # type: ignore[no-untyped-def]
+def _column(table: TablePolicy, name: str) -> ColumnPolicy:
     column = table.columns.get(name.casefold())
     if column is None:
         raise PolicyViolation(f"column {name!r} is not in local table {table.name!r} "
