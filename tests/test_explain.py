@@ -46,6 +46,9 @@ class NoDataEngine:
     def run(self, query: object) -> Any:
         raise AssertionError("explain read data: engine.run was called")
 
+    def shown_sql(self, query: Any) -> str:  # text only: reads nothing
+        return self._engine.shown_sql(query)
+
     def run_fingerprinted(self, query: object, tables: object) -> Any:
         raise AssertionError("explain read data: engine.run_fingerprinted was called")
 
