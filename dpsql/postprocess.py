@@ -57,8 +57,22 @@ class Postprocessor:
                 cells[name] = [None] * table.num_rows
         return visible, cells
 
-    def _run(self, plan: QueryPlan, noisy: pa.Table) -> pa.Table:
+    def carry(self, plan: QueryPlan, noisy: pa.Table, names: list[str]) -> dict[str, list[object]] | None:
+        """Columns ``names`` of the noisy table, one value per row of the answer (after the
+        output query's HAVING, ORDER BY and LIMIT), or ``None`` when the output query's rows
+        are not the noisy table's (SELECT DISTINCT over it). Post-processing, like :meth:`run`."""
+        if _direct_columns(plan) is not None:
+            return {n: noisy[n].to_pylist() for n in names}
+        if plan.output.args.get("distinct") or plan.output.args.get("group"):
+            return None
+        extra: list[exp.Expression] = [exp.column(n, quoted=True) for n in names]
+        table = self._run(plan, noisy, extra)
+        return {n: table.column(table.num_columns - len(names) + i).to_pylist() for i, n in enumerate(names)}
+
+    def _run(self, plan: QueryPlan, noisy: pa.Table, extra: list[exp.Expression] | None = None) -> pa.Table:
         query = _with_accuracy(plan)
+        if extra:
+            query = query.select(*extra, copy=False)
         sql = query.sql(dialect=DIALECT)
         with self._lock:
             try:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from dpsql.release.bias import BiasEstimate
 
 __all__ = ["Accuracy", "ColumnPrivacy", "PrivacyReport", "Result"]
 
@@ -85,7 +88,11 @@ class Accuracy(Mapping[str, float]):
 
 
 class Result:
-    """A query's noisy answer, DB-API and Arrow flavoured."""
+    """A query's noisy answer, DB-API and Arrow flavoured.
+
+    ``bias`` is ``None`` unless the query asked for the bias estimates (``bias=True``,
+    :mod:`dpsql.release.bias`): then their totals and, per cell, ``bias.cells``.
+    """
 
     def __init__(self, table: pa.Table, privacy: PrivacyReport, accuracy: Accuracy, sql: str = "") -> None:
         self._table = table
@@ -93,6 +100,7 @@ class Result:
         self.accuracy = accuracy
         self.sql = sql
         self.cached = False  # True for a repeat answered from the repeat store, charged nothing
+        self.bias: BiasEstimate | None = None
 
     @property
     def columns(self) -> list[str]:

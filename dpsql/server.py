@@ -81,6 +81,7 @@ class Request:
     sql: str
     epsilon: float | None
     delta: float | None
+    bias: bool = False
 
     @classmethod
     def parse(cls, body: bytes) -> Request:
@@ -98,13 +99,17 @@ class Request:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise Error(f"malformed request: {name} must be a number or null, got {value!r}.")
             values[name] = None if value is None else float(value)
-        return cls(fields["sql"], values["epsilon"], values["delta"])
+        bias = fields.get("bias", False)
+        if not isinstance(bias, bool):
+            raise Error(f"malformed request: bias must be true or false, got {bias!r}.")
+        return cls(fields["sql"], values["epsilon"], values["delta"], bias)
 
     def describe(self) -> str:
         text = " ".join(self.sql.split())
         if len(text) > _LOGGED_SQL_CHARS:
             text = text[:_LOGGED_SQL_CHARS] + "..."
-        return f"sql={text!r} epsilon={_amount(self.epsilon)} delta={_amount(self.delta)}"
+        bias = " bias=on" if self.bias else ""
+        return f"sql={text!r} epsilon={_amount(self.epsilon)} delta={_amount(self.delta)}{bias}"
 
 
 def _amount(value: float | None) -> str:
@@ -188,7 +193,7 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def _query(self, analyst: str, request: Request) -> flight.RecordBatchStream:
         start = time.perf_counter()
         try:
-            result = self._service.execute(analyst, request.sql, request.epsilon, request.delta)
+            result = self._service.execute(analyst, request.sql, request.epsilon, request.delta, bias=request.bias)
         except Error as exc:
             log.info("query analyst=%r %s refused: %s (nothing charged)", analyst, request.describe(), type(exc).__name__)
             raise

@@ -25,7 +25,8 @@ import pytest
 
 import dpsql
 from dpsql.auth import create_token, revoke_token
-from dpsql.demo import make_demo_database
+
+pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "demo.toml"
@@ -90,10 +91,8 @@ class ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("server-db") / "demo.duckdb"
-    make_demo_database(path, rows=20_000, units=2_000)
-    return path
+def db(demo_db: Path) -> Path:
+    return demo_db  # built once for the run (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +286,7 @@ RACER = textwrap.dedent("""
 
 
 @pytest.mark.attack
+@pytest.mark.multiprocess
 def test_eight_client_processes_get_exactly_the_budget(
     server: ServerProcess, tokens: dict[str, str], tmp_path: Path
 ) -> None:
@@ -420,3 +420,20 @@ def test_remote_explain_describes_every_column_as_the_embedded_one(server: Serve
     columns = lambda text: text.split("per output column")[1].split("measurements:")[0]  # noqa: E731
     assert columns(repr(there)) == columns(repr(here))
     assert "  med: " in repr(there) and "bounds [0, 100]" in repr(there)
+    assert "with bias=True" in repr(there) and there.bias == tuple(here.bias_text())
+
+
+def test_bias_estimates_over_flight(server: ServerProcess, tokens: dict[str, str]) -> None:
+    """bias=True through the Flight front (issue 15): answered under the server's deadlines,
+    charged once for the query and its estimates, per cell on the client."""
+    with client(server, tokens["erin"]) as remote:
+        before = remote.budget().epsilon_spent
+        res = remote.execute(BY_REGION, epsilon=0.5, bias=True)
+        after = remote.budget().epsilon_spent
+    assert after - before == pytest.approx(0.5) and res.privacy.epsilon == pytest.approx(0.5)
+    assert res.bias is not None and res.bias.epsilon == pytest.approx(0.05)
+    assert set(res.bias.clipped) == {"income"}
+    assert len(res.bias.cells["n"]) == 4 and res.bias.cells["region"] == [None] * 4
+    assert "income values clipped" in res.bias.cells["avg_income"][0].text()
+    assert "bias estimate per cell" in res.format()
+    assert any("bias estimate" in note for note in res.privacy.notes)

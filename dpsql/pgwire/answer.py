@@ -23,7 +23,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from dpsql import errors
-from dpsql.display import with_intervals
+from dpsql.display import with_bias_columns, with_intervals
 from dpsql.errors import AuthenticationError, Error
 from dpsql.pgwire import catalog as cat
 from dpsql.pgwire import messages as m
@@ -62,7 +62,7 @@ _REPORTED = ["server_version", "server_encoding", "client_encoding", "datestyle"
              "integer_datetimes", "standard_conforming_strings", "is_superuser", "application_name"]
 _REPORTED_NAMES = {"datestyle": "DateStyle", "intervalstyle": "IntervalStyle", "timezone": "TimeZone"}
 
-_DPSQL = {"dpsql.epsilon", "dpsql.delta", "dpsql.accuracy"}
+_DPSQL = {"dpsql.epsilon", "dpsql.delta", "dpsql.accuracy", "dpsql.bias"}
 
 _SET = re.compile(r"SET\s+(?:SESSION\s+|LOCAL\s+)?(?P<name>[A-Za-z_][\w.$]*|\"[^\"]+\")\s*(?:=|\s+TO\s+)\s*(?P<value>.*)",
                   re.IGNORECASE | re.DOTALL)
@@ -156,7 +156,8 @@ class Answering:
         started = time.perf_counter()
         described = _describe(sql, epsilon, delta)
         try:
-            result = self.server.service.execute(self.user, sql, epsilon, delta)
+            result = self.server.service.execute(self.user, sql, epsilon, delta,
+                                                 bias=self._setting("dpsql.bias") == "on")
         except Error as exc:
             if tree is None and isinstance(exc, errors.QueryRejected):
                 exc = st.SyntaxProblem(str(exc))
@@ -175,6 +176,8 @@ class Answering:
         table = result.arrow()
         if self._setting("dpsql.accuracy") == "on":
             table = _with_intervals(result)
+        if result.bias is not None:  # SET dpsql.bias = on: a <column>_bias text column after each aggregate
+            table = with_bias_columns(result, table)
         return _table_outcome(table)
 
     def _amounts(self, sql: str) -> tuple[float | None, float | None]:
@@ -216,10 +219,10 @@ class Answering:
             value = value[1:-1].replace("''", "'")
         if name in ("dpsql.epsilon", "dpsql.delta"):
             value = repr(st.parse_amount(name, value))
-        elif name == "dpsql.accuracy":
+        elif name in ("dpsql.accuracy", "dpsql.bias"):
             word = value.lower()
             if word not in ("on", "off", "true", "false", "1", "0"):
-                raise Refusal("22023", f"dpsql.accuracy is on or off, not {value!r}.")
+                raise Refusal("22023", f"{name} is on or off, not {value!r}.")
             value = "on" if word in ("on", "true", "1") else "off"
         elif name.startswith("dpsql."):
             raise Refusal("42704", f'unrecognized configuration parameter "{name}"; dpsql knows {", ".join(sorted(_DPSQL))}.')
@@ -245,7 +248,7 @@ class Answering:
             return repr(self.server.service.policy.default_epsilon)
         if name == "dpsql.delta":
             return "0.0"
-        if name == "dpsql.accuracy":
+        if name in ("dpsql.accuracy", "dpsql.bias"):
             return "off"
         if name == "session_authorization":
             return self.user
@@ -278,8 +281,8 @@ class Answering:
             incident = secrets.token_hex(4)
             log.error("pg session of %r failed with an unexpected %s (incident %s); stack:\n%s", self.user,
                       type(exc).__name__, incident, "".join(traceback.format_tb(exc.__traceback__)))
-            text = (f"the dpsql server failed unexpectedly (incident {incident}, logged on the server). "
-                    "This is probably a bug in dpsql: please report it.")
+            text = str(errors.InternalError(
+                f"the dpsql server failed unexpectedly (incident {incident}, logged on the server)"))
         first, _, rest = text.partition("\n")
         self._out.append(m.error_response(sqlstate, first, detail=rest.strip("\n") or None))
 
