@@ -76,7 +76,7 @@ from dpsql.release import noisy_schema, noisy_table
 from dpsql.release.bias import BIAS_SHARE, DEADLINE_FACTOR, attach, bias_mechanisms, estimate_bias
 from dpsql.release.clamp import clamp_result
 from dpsql.result import Accuracy, Result
-from dpsql.rewrite import bounded_query, salt_parameters, value_query
+from dpsql.rewrite import bounded_query, bounded_sql, key_parameters, salt_parameters, value_query
 from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
 from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
 from dpsql.report import charge_of, described, fresh_result, privacy_report, repeat_result, uses_udf, with_values
@@ -258,7 +258,7 @@ class Connection:
         0
         """
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        bounded = bounded_query(plan, self._engine, salt=0).sql(dialect=self._engine.dialect, pretty=True)
+        bounded = self._engine.shown_sql(bounded_query(plan, self._engine, salt=0))
         budget = self._policy.budget_for(self._analyst)
         composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(
@@ -437,7 +437,7 @@ class Connection:
         """
         try:
             text = self._bounded_sql(plan)
-            exact = self._engine.run(text, salt_parameters(text))
+            exact = self._engine.run(text, {**salt_parameters(text), **key_parameters(plan, self._engine)})
             if late is None or not late.is_set():
                 return self._noisy(plan, exact)
         except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
@@ -450,7 +450,7 @@ class Connection:
         (a plan is immutable; generating SQL is most of a small query's fixed cost)."""
         text = self._sql_texts.get(id(plan))
         if text is None or text[0] is not plan:
-            text = (plan, bounded_query(plan, self._engine).sql(dialect=self._engine.dialect))
+            text = (plan, bounded_sql(plan, self._engine))
             self._sql_texts[id(plan)] = text
         return text[1]
 

@@ -13,13 +13,9 @@ import pytest
 import dpsql
 from dpsql.policy import parse_policy
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-6
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1e6, delta = 0.5 }
+from policy_builder import policy_text
+
+POLICY = policy_text(tables="""
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 2
@@ -27,7 +23,7 @@ max_rows_per_unit = 8
 [tables.t.columns]
 x = { bounds = [0, 10] }
 k = { public_values = ["a", "b", "c"] }
-"""
+""")
 
 
 @pytest.fixture(scope="module")
