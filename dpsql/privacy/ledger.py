@@ -63,7 +63,12 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import NamedTuple
+from typing import IO, NamedTuple
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: SQLite's busy handler alone queues the writers
+    fcntl = None  # type: ignore[assignment]
 
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.privacy.accountants import (
@@ -93,6 +98,7 @@ from dpsql.privacy.charges import (
 )
 
 __all__ = ["Ledger"]
+LOCK_SUFFIX = ".lock"
 SCHEMA_VERSION = 1
 LEDGER_FORMAT = "dpsql-ledger"
 BUSY_TIMEOUT_MS = 30_000
@@ -148,6 +154,7 @@ class Ledger:
         self.accountant: Accountant = accountant if accountant is not None else BasicAccountant()
         self._lock = threading.Lock()
         self._conn = _open(self.path)
+        self._lock_file = _open_lock_file(self.path)
         self._seen: dict[str, list[_Stored]] = {}
 
     # -- public -------------------------------------------------------------------------
@@ -220,6 +227,8 @@ class Ledger:
         """Close the database connection. Closing twice is harmless."""
         with self._lock:
             self._conn.close()
+            if self._lock_file is not None and not self._lock_file.closed:
+                self._lock_file.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -247,15 +256,25 @@ class Ledger:
 
     @contextmanager
     def _write_transaction(self) -> Iterator[None]:
-        """Run the body in ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any error."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
+        """Run the body in ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any error.
+
+        Writers from several processes (the server's workers) first queue on an exclusive
+        ``flock`` of ``<ledger>.lock``: the kernel wakes the next one the moment the lock is
+        released (or its holder dies), where SQLite's busy handler would poll in sleeps of up
+        to 100 ms. The SQLite transaction is what guarantees correctness either way (a
+        process that does not take the flock still serializes on ``BEGIN IMMEDIATE``); the
+        flock only makes the wait short. Each commit is one fdatasync of the WAL
+        (``synchronous=FULL``): what makes a charge durable before its answer leaves.
+        """
+        with _file_lock(self._lock_file):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
 
     def _records(self, analyst: str) -> list[sqlite3.Row]:
         cursor = self._conn.execute(
@@ -377,6 +396,29 @@ def _budget_exceeded(analyst: str, new: tuple[int, int], spent: tuple[int, int],
         f"delta={_format_amount(remaining[1])} remain (short by {shortfall}).{composed} "
         f"Ask for a smaller {smaller} or a larger budget.")
     return BudgetExceeded(message, requested=requested, remaining=remaining)
+
+
+def _open_lock_file(path: str | None) -> IO[bytes] | None:
+    """``<ledger>.lock``, the writers' queue (:meth:`Ledger._write_transaction`); ``None`` for
+    an in-memory ledger, or where the file cannot be made (SQLite's own locking remains)."""
+    if path is None or fcntl is None:
+        return None
+    try:
+        return open(path + LOCK_SUFFIX, "ab")  # noqa: SIM115 - closed with the ledger
+    except OSError:
+        return None
+
+
+@contextmanager
+def _file_lock(lock_file: IO[bytes] | None) -> Iterator[None]:
+    if lock_file is None or fcntl is None:
+        yield
+        return
+    fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
 
 
 def _open(path: str | None) -> sqlite3.Connection:
