@@ -168,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="reports of a column reach the store shuffled, K at a time (default 100)")
     serve.add_argument("--report-rate", type=_positive_int, default=600, metavar="N",
                        help="report requests per reporting token per minute (default 600)")
+    serve.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                       help="worker processes answering queries, each with its own engine and deadline slot "
+                       "(default: one per core; 1: in the server process)")
     serve.set_defaults(command=run_serve)
     return parser
 
@@ -491,8 +494,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from dpsql.server import ServeOptions, configure_logging, serve
 
     configure_logging()
+    database = _serve_database(args)
+    workers = args.workers
+    if workers is None:  # one per core, where each worker can open its own engine
+        from dpsql.timing import available_cores  # noqa: PLC0415
+
+        workers = available_cores() if database is None or isinstance(database, str | os.PathLike) else 1
     options = ServeOptions(
-        database=_serve_database(args), policy=args.policy, ledger=args.ledger, auth=args.auth,
+        database=database, policy=args.policy, ledger=args.ledger, auth=args.auth, workers=workers,
         host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
         pg_port=args.pg_port, pg_host=args.pg_host, reports=args.reports, report_auth=args.report_auth,
         report_batch=args.report_batch, report_rate=args.report_rate,
