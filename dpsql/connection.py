@@ -62,8 +62,8 @@ from dpsql.normalize import without_options as _without_options
 from dpsql.public import engine_query, public_only, public_result
 from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
 from dpsql.datasources import open_engine
-from dpsql.engine import DuckDBEngine, Engine
-from dpsql.errors import Error, QueryFailed, QueryRejected
+from dpsql.engine import Engine
+from dpsql.errors import Error, QueryFailed
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.local.query import answer as answer_local
 from dpsql.local.query import references_local_table
@@ -73,10 +73,10 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema, noisy_table
-from dpsql.release.bias import BIAS_SHARE, bias_mechanism, estimate_dropped
+from dpsql.release.bias import BIAS_SHARE, DEADLINE_FACTOR, attach, bias_mechanisms, estimate_bias
 from dpsql.release.clamp import clamp_result
 from dpsql.result import Accuracy, Result
-from dpsql.rewrite import bounded_query, salt_parameters, value_query
+from dpsql.rewrite import bounded_query, bounded_sql, key_parameters, salt_parameters, value_query
 from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
 from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
 from dpsql.report import charge_of, described, fresh_result, privacy_report, repeat_result, uses_udf, with_values
@@ -320,8 +320,11 @@ class Connection:
         bound >= 0, as 0 (post-processing, free; the interval stays valid:
         :mod:`dpsql.release.clamp`).
         ``bias=True`` spends 10% of the query's epsilon (charged with it, before any data is
-        read) on a noisy count of the selected rows the caps dropped: ``res.bias`` and a note
-        in ``res.privacy`` (:mod:`dpsql.release.bias`); such a query is never a free repeat.
+        read) on noisy counts, per cell, of the selected rows the caps dropped and of the
+        values clipped into their bounds: ``res.bias`` (totals, and ``res.bias.cells``), a
+        note in ``res.privacy``, and a second table in ``res.format()`` (:mod:`dpsql.release.bias`).
+        Under deadlines the answer is held for ``DEADLINE_FACTOR`` (4) times the query's deadline. Such a query is never a
+        free repeat.
 
         Raises:
             QueryRejected, PolicyViolation: the query cannot be answered; nothing charged.
@@ -331,10 +334,6 @@ class Connection:
         if references_local_table(sql, self._policy):  # local DP: post-processing, no charge
             self._check_open()
             return answer_local(sql, self._policy, self._reports)
-        if bias and self._timing is not None:  # its second pass is not in the deadline model
-            raise QueryRejected("bias=True is not available on a connection with deadlines (deadline=...): "
-                                "its extra pass over the data is not in the deadline model. Open the "
-                                "connection without deadline to use it.")
         self._check_open()
         public = public_only(sql, self._policy, self._engine.schema(), dialect=dialect or self._dialect,
                              public_query=self._public_rows)
@@ -345,33 +344,42 @@ class Connection:
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
         if not plan.measurements and plan.selection is None and not plan.value_releases:
             return self._listed_keys(plan, sql)
-        if bias:
+        timing = self._timing
+        if bias and timing is None:
             result = self._execute_with_bias(plan, sql)
+        elif bias and timing is not None:  # a second pass over the same rows, grouped as the query's
+            result = timing.hold(lambda late: self._execute_with_bias(plan, sql, late),
+                                 DEADLINE_FACTOR * timing.deadline(plan))
         elif self._timing is None or self.is_repeat(plan, sql):
             result = self._execute(plan, sql)
         else:
             result = self._timing.hold(lambda late: self._execute(plan, sql, late), self._timing.deadline(plan))
         return clamp_result(result, plan) if clamp_counts else result
 
-    def _execute_with_bias(self, plan: QueryPlan, sql: str) -> Result:
-        """The query at ``1 - BIAS_SHARE`` of the epsilon asked and the dropped-rows estimate
-        at the rest: one charge for both, before any data is read; no repeat store."""
-        from dataclasses import replace as _replace  # noqa: PLC0415
-
-        base = charge_of(plan, sql)
+    def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
+        """The query at ``1 - BIAS_SHARE`` of the epsilon asked and the bias estimates at the
+        rest (:mod:`dpsql.release.bias`): one charge for both, before any data is read, and
+        both reads inside the deadline; no repeat store."""
         share = plan.epsilon * BIAS_SHARE / (1 - BIAS_SHARE)
-        charge = Charge(base.epsilon + share, base.delta, sql, (*base.mechanisms, bias_mechanism(plan, share)))
-        result, _, _ = self._charge_and_answer(plan, sql, charge)
+        base = charge_of(plan, sql)
+        charge = Charge(base.epsilon + share, base.delta, sql, (*base.mechanisms, *bias_mechanisms(plan, share)))
+        self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)
+        noisy, report = self._read(plan, late)
         try:
-            estimate = estimate_dropped(plan, self._engine, share, self._source)
+            if late is not None and late.is_set():
+                raise TimeoutError
+            estimate, per_group = estimate_bias(plan, self._engine, share, noisy, self._source)
+            if late is not None and late.is_set():
+                raise TimeoutError
         except Exception as exc:  # noqa: BLE001 - charged: the one fixed failure, as in _read
             log.warning("a charged bias estimate failed (%s)", type(exc).__name__)
             estimate = None
         if estimate is None:
             raise QueryFailed()
-        result.bias = estimate  # type: ignore[attr-defined]
-        result.privacy = _replace(result.privacy, epsilon=charge.epsilon, notes=(*result.privacy.notes, estimate.note()))
-        return result
+        table, cells = self._post.run(plan, noisy)
+        result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
+        names = [n for n in per_group.column_names if n.startswith("__bias")]
+        return attach(result, plan, estimate, self._post.carry(plan, per_group, names), charge.epsilon)
 
     def _listed_keys(self, plan: QueryPlan, sql: str) -> Result:
         """GROUP BY keys the policy lists, and nothing measured (``SELECT DISTINCT region``):
@@ -400,7 +408,7 @@ class Connection:
         if cached is not None:
             return repeat_result(plan, cached, sql)
         with self._answers.claim() as claim:
-            cached = claim.get(key, self._anchor())
+            cached = claim.get(key, self._anchor)  # read again after waiting for another asker
             if cached is not None:  # another connection answered it meanwhile
                 return repeat_result(plan, cached, sql)
             result, table, cells = self._charge_and_answer(plan, sql, charge_of(plan, sql), late)
@@ -429,7 +437,7 @@ class Connection:
         """
         try:
             text = self._bounded_sql(plan)
-            exact = self._engine.run(text, salt_parameters(text))
+            exact = self._engine.run(text, {**salt_parameters(text), **key_parameters(plan, self._engine)})
             if late is None or not late.is_set():
                 return self._noisy(plan, exact)
         except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
@@ -442,7 +450,7 @@ class Connection:
         (a plan is immutable; generating SQL is most of a small query's fixed cost)."""
         text = self._sql_texts.get(id(plan))
         if text is None or text[0] is not plan:
-            text = (plan, bounded_query(plan, self._engine).sql(dialect=self._engine.dialect))
+            text = (plan, bounded_sql(plan, self._engine))
             self._sql_texts[id(plan)] = text
         return text[1]
 
@@ -470,7 +478,7 @@ class Connection:
         (the most ``fn`` can change when k rows change) and a delta, PTR or smooth sensitivity
         may be used; otherwise sample-and-aggregate. ``strategy`` forces one.
         """
-        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)  # type: ignore[arg-type]
+        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)
         self._udfs[udf.name] = udf
         self._plans.clear()
         self._sql_texts.clear()

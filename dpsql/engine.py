@@ -35,22 +35,12 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.errors import Error, InternalError
+from dpsql.hardened import lock, open_private
 
 __all__ = ["DuckDBEngine", "Engine"]
 
 _ATTACHED = "dpsql_data"
 
-_LOCKED_SETTINGS = (
-    "SET enable_external_access = false",
-    "SET lock_configuration = true",
-)
-
-_CONFIG = {
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
-    "python_enable_replacements": False,
-}
 
 
 class Engine(Protocol):
@@ -79,6 +69,11 @@ class Engine(Protocol):
         """Run a query (a tree, or SQL text in the engine's dialect) and return its rows."""
         ...
 
+    def data_version(self) -> str:
+        """A name for the data's current version that is not read from the data (the
+        repeat store's key; see :class:`DuckDBEngine`)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -86,6 +81,8 @@ class DuckDBEngine:
     """DuckDB, opened from a file path or wrapping an existing connection."""
 
     dialect = "duckdb"
+    #: binds a Python list as one parameter (long lists of public keys, :mod:`dpsql.rewrite`)
+    list_parameters = True
 
     def __init__(
         self, database: str | os.PathLike[str] | duckdb.DuckDBPyConnection, *, data_version: str | None = None
@@ -192,7 +189,7 @@ class DuckDBEngine:
 def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
     if not os.path.exists(path):
         raise Error(f"database file {path!r} does not exist. Pass the path of an existing DuckDB file.")
-    con = duckdb.connect(":memory:", config=_CONFIG)
+    con = open_private()
     literal = exp.Literal.string(path).sql(dialect="duckdb")
     try:
         con.execute(f"ATTACH {literal} AS {_ATTACHED} (READ_ONLY)")
@@ -202,6 +199,4 @@ def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
             f"cannot open {path!r} read-only: {e}. If this process already has the file open "
             "read-write, pass that connection to dpsql.connect instead of the path."
         ) from None
-    for statement in _LOCKED_SETTINGS:
-        con.execute(statement)
-    return con
+    return lock(con)

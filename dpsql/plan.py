@@ -49,6 +49,8 @@ class Noise(Protocol):
 
     def sample(self, n: int, source: Any = None) -> Any: ...
 
+    def __hash__(self) -> int: ...  # noises are frozen values (release caches their quantiles)
+
 
 class LaplaceNoise(Noise, Protocol):
     """Discrete Laplace noise, which also has a ``scale`` (partition selection)."""
@@ -95,7 +97,7 @@ class Source:
     alias: str
     table: str
     join: str = "from"
-    on: exp.Expression | None = None
+    on: exp.Expr | None = None
     query: exp.Select | None = None
     types: tuple[tuple[str, str], ...] = ()
 
@@ -120,7 +122,7 @@ class GroupKey:
     column: str | None
     expression: exp.Expression
     public_values: tuple[object, ...] | None
-    filters: tuple[tuple[exp.Expression, tuple[object, ...]], ...] = ()
+    filters: tuple[tuple[exp.Column, tuple[object, ...]], ...] = ()
     family: str = "string"
 
     @property
@@ -332,7 +334,7 @@ class QueryPlan:
     sql: str
     table: str
     unit_column: str | None
-    where: exp.Expression | None
+    where: exp.Expr | None
     group_keys: tuple[GroupKey, ...]
     max_rows_per_unit: int
     max_groups_per_unit: int

@@ -83,8 +83,8 @@ class Service:
             book = Ledger(ledger, accountant=loaded.accountant)  # as dpsql.connect does
             store = None if reports is None else ReportStore(reports)
             if workers > 1:
-                spec = WorkerSpec(None if database is None else os.fspath(database),  # type: ignore[arg-type]
-                                  os.fspath(policy), os.fspath(ledger),
+                path = os.fspath(database) if isinstance(database, str | os.PathLike) else None
+                spec = WorkerSpec(path, os.fspath(policy), os.fspath(ledger),
                                   None if reports is None else os.fspath(reports), timing.model,
                                   logging.getLogger("dpsql.server").getEffectiveLevel())
                 pool = WorkerPool(spec, workers)
@@ -120,14 +120,16 @@ class Service:
                 self._connections[analyst] = conn
             return conn
 
-    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Result:
+    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None, *,
+                bias: bool = False) -> Result:
         """Answer a query for ``analyst``: rate-limited, then the pipeline, whose answers
-        (when it reads data) are released at their deadline (:mod:`dpsql.timing`)."""
+        (when it reads data) are released at their deadline (:mod:`dpsql.timing`); ``bias``
+        asks for the bias estimates (:mod:`dpsql.release.bias`, inside the same deadline)."""
         self._rate.take(analyst)
         if self.pool is not None:
             self.connection(analyst)  # refuses once the server is stopping
-            return self.pool.execute(analyst, sql, epsilon, delta)
-        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta)
+            return self.pool.execute(analyst, sql, epsilon, delta, bias=bias)
+        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias)
 
     def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
         return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta)

@@ -102,14 +102,15 @@ class WorkerPool:
         for worker in workers:
             self._idle.put(worker)
 
-    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Result:
+    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None, *,
+                bias: bool = False) -> Result:
         """The pipeline of ``analyst``'s Connection in a free worker: its Result, or its error."""
         worker = self._idle.get()
         try:
             if self._closed:
                 raise Error("the dpsql server is shutting down; try again when it is back.")
             try:
-                worker.pipe.send((analyst, sql, epsilon, delta))
+                worker.pipe.send((analyst, sql, epsilon, delta, bias))
                 kind, value = worker.pipe.recv()
             except (EOFError, OSError):
                 log.error("worker %s died while answering a query; starting another (the analyst "
@@ -209,9 +210,10 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
         service.close()
 
 
-def _answer(service: Any, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> tuple[str, object]:
+def _answer(service: Any, analyst: str, sql: str, epsilon: float | None, delta: float | None,
+            bias: bool) -> tuple[str, object]:
     try:
-        return "ok", service.connection(analyst).execute(sql, epsilon=epsilon, delta=delta)
+        return "ok", service.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias)
     except Error as exc:
         return "error", exc.with_traceback(None)
     except Exception as exc:  # noqa: BLE001 - the server turns it into an InternalError

@@ -83,8 +83,7 @@ class Charge:
         _check_amount("epsilon", self.epsilon)
         _check_amount("delta", self.delta, upper=1.0)
         if not isinstance(self.query, str):
-            raise InternalError(f"Charge query must be str, got {type(self.query).__name__}. "
-                                "This is probably a bug in dpsql.")
+            raise InternalError(f"Charge query must be str, got {type(self.query).__name__}.")
         object.__setattr__(self, "mechanisms", tuple(self.mechanisms))
         _mechanisms_json(self.mechanisms)
 
@@ -189,13 +188,11 @@ class BudgetStatus:
 def _check_amount(name: str, value: object, upper: float | None = None) -> None:
     """Raise InternalError unless ``value`` is a finite real in ``[0, upper]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InternalError(f"{name} must be a number, got {value!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{name} must be a number, got {value!r}.")
     number = float(value)
     if not math.isfinite(number) or number < 0 or (upper is not None and number > upper):
         bound = f"between 0 and {upper:g}" if upper is not None else "finite and at least 0"
-        raise InternalError(f"{name} must be {bound}, got {value!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{name} must be {bound}, got {value!r}.")
 
 
 def _decimal(value: float) -> Fraction:
@@ -239,8 +236,7 @@ def charge_units(charge: Charge) -> tuple[int, int]:
     """
     units = epsilon_to_units_up(charge.epsilon), delta_to_units_up(charge.delta)
     if units[0] > _MAX_SQLITE_INTEGER:
-        raise InternalError(f"epsilon={charge.epsilon!r} is too large to record. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"epsilon={charge.epsilon!r} is too large to record.")
     return units
 
 
@@ -260,13 +256,11 @@ def budget_units(budget: BudgetLike) -> tuple[int, int]:
 def _mechanisms_json(mechanisms: tuple[dict[str, Any], ...]) -> str:
     """Serialize mechanism descriptions, raising InternalError if they are not JSON-able."""
     if not all(isinstance(m, dict) for m in mechanisms):
-        raise InternalError(f"Charge mechanisms must be dicts, got {mechanisms!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"Charge mechanisms must be dicts, got {mechanisms!r}.")
     try:
         return json.dumps(list(mechanisms), sort_keys=True)
     except (TypeError, ValueError) as exc:
-        raise InternalError(f"Charge mechanisms are not JSON-able ({exc}). "
-                            "This is probably a bug in dpsql.") from exc
+        raise InternalError(f"Charge mechanisms are not JSON-able ({exc}).") from exc
 
 
 def _format_amount(value: float) -> str:

@@ -56,19 +56,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import IO, NamedTuple
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: SQLite's busy handler alone queues the writers
-    fcntl = None  # type: ignore[assignment]
+from typing import NamedTuple
 
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.privacy.accountants import (
@@ -96,12 +90,11 @@ from dpsql.privacy.charges import (
     units_to_delta,
     units_to_epsilon,
 )
+from dpsql.sqlitefile import guarded, make_durable, open_database, open_writer_queue, write_transaction
 
 __all__ = ["Ledger"]
-LOCK_SUFFIX = ".lock"
 SCHEMA_VERSION = 1
 LEDGER_FORMAT = "dpsql-ledger"
-BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -154,7 +147,7 @@ class Ledger:
         self.accountant: Accountant = accountant if accountant is not None else BasicAccountant()
         self._lock = threading.Lock()
         self._conn = _open(self.path)
-        self._lock_file = _open_lock_file(self.path)
+        self._lock_file = open_writer_queue(self.path)
         self._seen: dict[str, list[_Stored]] = {}
 
     # -- public -------------------------------------------------------------------------
@@ -243,38 +236,22 @@ class Ledger:
 
     # -- private ------------------------------------------------------------------------
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> AbstractContextManager[None]:
         """Hold the lock; turn a database failure into a :class:`~dpsql.errors.Error`."""
-        with self._lock:
-            try:
-                yield
-            except sqlite3.Error as exc:
-                raise Error(f"The budget ledger {self!r} failed: {exc}. If the "
-                            "ledger is closed, open a new one; otherwise check "
-                            "that its file is readable and writable.") from exc
+        return guarded(self._lock, lambda exc: Error(
+            f"The budget ledger {self!r} failed: {exc}. If the ledger is closed, open a new "
+            "one; otherwise check that its file is readable and writable."))
 
-    @contextmanager
-    def _write_transaction(self) -> Iterator[None]:
+    def _write_transaction(self) -> AbstractContextManager[None]:
         """Run the body in ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any error.
 
-        Writers from several processes (the server's workers) first queue on an exclusive
-        ``flock`` of ``<ledger>.lock``: the kernel wakes the next one the moment the lock is
-        released (or its holder dies), where SQLite's busy handler would poll in sleeps of up
-        to 100 ms. The SQLite transaction is what guarantees correctness either way (a
-        process that does not take the flock still serializes on ``BEGIN IMMEDIATE``); the
-        flock only makes the wait short. Each commit is one fdatasync of the WAL
-        (``synchronous=FULL``): what makes a charge durable before its answer leaves.
+        Writers from several processes (the server's workers) first queue on the flock of
+        ``<ledger>.lock`` (:func:`dpsql.sqlitefile.open_writer_queue`): the kernel wakes the
+        next one the moment it is released, where SQLite's busy handler would poll in sleeps
+        of up to 100 ms; the transaction still decides. Each commit is one fdatasync of the
+        WAL (``synchronous=FULL``): what makes a charge durable before its answer leaves.
         """
-        with _file_lock(self._lock_file):
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
+        return write_transaction(self._conn, self._lock_file)
 
     def _records(self, analyst: str) -> list[sqlite3.Row]:
         cursor = self._conn.execute(
@@ -398,47 +375,14 @@ def _budget_exceeded(analyst: str, new: tuple[int, int], spent: tuple[int, int],
     return BudgetExceeded(message, requested=requested, remaining=remaining)
 
 
-def _open_lock_file(path: str | None) -> IO[bytes] | None:
-    """``<ledger>.lock``, the writers' queue (:meth:`Ledger._write_transaction`); ``None`` for
-    an in-memory ledger, or where the file cannot be made (SQLite's own locking remains)."""
-    if path is None or fcntl is None:
-        return None
-    try:
-        return open(path + LOCK_SUFFIX, "ab")  # noqa: SIM115 - closed with the ledger
-    except OSError:
-        return None
-
-
-@contextmanager
-def _file_lock(lock_file: IO[bytes] | None) -> Iterator[None]:
-    if lock_file is None or fcntl is None:
-        yield
-        return
-    fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
-
-
 def _open(path: str | None) -> sqlite3.Connection:
     """Open (creating if needed) a ledger database and check that it is one."""
     if path is not None:
         _check_directory(path)
     try:
-        conn = sqlite3.connect(path if path is not None else ":memory:",
-                               isolation_level=None, check_same_thread=False,
-                               timeout=BUSY_TIMEOUT_MS / 1000)
+        return open_database(path, lambda conn: _prepare(conn, path), )
     except sqlite3.Error as exc:
         raise _open_error(path, exc) from exc
-    try:
-        _prepare_patiently(conn, path)
-    except BaseException as exc:
-        conn.close()
-        if isinstance(exc, sqlite3.Error):
-            raise _open_error(path, exc) from exc
-        raise
-    return conn
 
 
 def _check_directory(path: str) -> None:
@@ -462,47 +406,15 @@ def _not_a_ledger(path: str | None, why: str) -> Error:
                  "this one.")
 
 
-def _prepare_patiently(conn: sqlite3.Connection, path: str | None) -> None:
-    """Run :func:`_prepare`, retrying while another process holds the database.
-
-    Switching a new file to WAL can fail with "database is locked" at once, without waiting
-    on the busy timeout, when several processes create the same ledger together. Preparing
-    is idempotent, so retry it with a jittered back-off for up to the busy timeout.
-    """
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            _prepare(conn, path)
-            return
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc) or time.monotonic() > deadline:
-                raise
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            time.sleep(random.uniform(0.001, 0.02))
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    message = str(exc)
-    return "locked" in message or "busy" in message
-
-
 def _prepare(conn: sqlite3.Connection, path: str | None) -> None:
     """Set the pragmas, then create the schema or check the existing one."""
     conn.row_factory = sqlite3.Row
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     # Read first: a foreign database is refused before any pragma changes its file.
     _check_schema(conn, path)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    make_durable(conn)
+    with write_transaction(conn):
         if not _check_schema(conn, path):
             _create_schema(conn)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 def _check_schema(conn: sqlite3.Connection, path: str | None) -> bool:
