@@ -159,7 +159,7 @@ def test_a_unit_at_the_bounds_moves_a_derived_centred_sum_by_at_most_its_sensiti
 def test_bounded_sql_is_the_tree_written_without_a_copy(conn) -> None:
     for sql in QUERIES:
         plan = conn.plan(sql, epsilon=1.0)
-        tree = bounded_query(plan, conn._engine)
+        tree = bounded_query(plan, conn._engine, list_parameters=True)
         assert bounded_sql(plan, conn._engine) == tree.sql(dialect=conn._engine.dialect)
 
 
@@ -177,7 +177,7 @@ def test_value_query_drops_the_group_window_only_where_it_cannot_bind(conn) -> N
 
 
 def test_long_key_lists_are_one_bound_list_applied_to_the_pairs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """1,500 listed zips (more than LIST_PARAMETER): the bounded SQL binds them as one list
+    """1,500 listed zips: the bounded SQL binds them as one list
     and filters the (unit, zip) pairs; it keeps exactly what the literal IN list over the rows
     keeps (the filter is on the key alone), and a connection answers through it."""
     zips = [f"{i:05d}" for i in range(1500)]
