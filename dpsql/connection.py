@@ -258,7 +258,7 @@ class Connection:
         0
         """
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        bounded = bounded_query(plan, self._engine, salt=0).sql(dialect=self._engine.dialect, pretty=True)
+        bounded = self._engine.shown_sql(bounded_query(plan, self._engine, salt=0))
         budget = self._policy.budget_for(self._analyst)
         composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(
