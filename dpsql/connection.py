@@ -258,7 +258,7 @@ class Connection:
         0
         """
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        bounded = bounded_query(plan, self._engine, salt=0).sql(dialect=self._engine.dialect, pretty=True)
+        bounded = self._engine.shown_sql(bounded_query(plan, self._engine, salt=0))
         budget = self._policy.budget_for(self._analyst)
         composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(
@@ -408,7 +408,7 @@ class Connection:
         if cached is not None:
             return repeat_result(plan, cached, sql)
         with self._answers.claim() as claim:
-            cached = claim.get(key, self._anchor())
+            cached = claim.get(key, self._anchor)  # read again after waiting for another asker
             if cached is not None:  # another connection answered it meanwhile
                 return repeat_result(plan, cached, sql)
             result, table, cells = self._charge_and_answer(plan, sql, charge_of(plan, sql), late)

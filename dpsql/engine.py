@@ -69,6 +69,11 @@ class Engine(Protocol):
         """Run a query (a tree, or SQL text in the engine's dialect) and return its rows."""
         ...
 
+    def shown_sql(self, query: exp.Expression) -> str:
+        """The SQL text :meth:`run` sends for ``query``, pretty-printed (what ``explain``
+        shows: the engine's own SQL, not the pipeline's dialect)."""
+        ...
+
     def data_version(self) -> str:
         """A name for the data's current version that is not read from the data (the
         repeat store's key; see :class:`DuckDBEngine`)."""
@@ -159,6 +164,9 @@ class DuckDBEngine:
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
         with self._lock:
             return self._con.sql(sql, params=params or None).to_arrow_table()
+
+    def shown_sql(self, query: exp.Expression) -> str:
+        return query.sql(dialect=self.dialect, pretty=True)
 
     def data_version(self) -> str:
         """A name for the data's current version that is not read from the data (see the

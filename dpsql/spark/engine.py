@@ -207,12 +207,19 @@ class SparkEngine:
         values = self.run(query).column(0).to_pylist()
         return None if len(values) > limit else tuple(values)
 
-    def spark_sql(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> str:
+    def spark_sql(self, query: exp.Expression | str, params: Mapping[str, object] | None = None,
+                  *, pretty: bool = False) -> str:
         """The Spark SQL :meth:`run` would send (for ``explain`` and tests)."""
         tree = parse_bounded(query) if isinstance(query, str) else query
         translated = to_spark(tree)
         check_reachable(translated, self._allowed, params or {})
-        return translated.sql(dialect="spark")
+        return translated.sql(dialect="spark", pretty=pretty)
+
+    def shown_sql(self, query: exp.Expression) -> str:
+        """The Spark SQL :meth:`run` sends for ``query`` (what ``explain`` shows), its salt
+        parameters unbound."""
+        names = {p.name for p in query.find_all(exp.Placeholder)}
+        return self.spark_sql(query, dict.fromkeys(names, 0), pretty=True)
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run a bounded query (a tree, or its text in :attr:`dialect`) with its salts bound
