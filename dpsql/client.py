@@ -98,6 +98,10 @@ class Client:
         tls_root_certs: PEM bytes (or a path to a PEM file) of the CA that signed the
             server's certificate, when it is not in the system store.
         timeout: seconds before a call gives up.
+        dialect: the SQL dialect queries are written in, unless a call names its own
+            (sqlglot's reader names: "bigquery", "postgres", "tsql", "spark" ...; default
+            DuckDB's). The server reads it exactly as :meth:`dpsql.Connection.execute` does.
+            (The Postgres front, ``--pg-port``, reads Postgres SQL.)
 
     Raises (from each call):
         AuthenticationError: the token is wrong or revoked.
@@ -112,6 +116,7 @@ class Client:
         *,
         tls_root_certs: bytes | str | os.PathLike[str] | None = None,
         timeout: float = 60.0,
+        dialect: str | None = None,
     ) -> None:
         if not isinstance(location, str) or not location.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
             raise Error(f"location must look like grpc://HOST:PORT or grpc+tls://HOST:PORT, got {location!r}.")
@@ -126,18 +131,22 @@ class Client:
         headers = [(b"authorization", b"Bearer " + token.encode())] if token else []
         self._options = flight.FlightCallOptions(headers=headers, timeout=timeout)
         self._closed = False
+        self.dialect = dialect
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
-                bias: bool = False) -> Result:
+                bias: bool = False, dialect: str | None = None) -> Result:
         """Answer ``sql`` with differential privacy on the server, charging (epsilon, delta);
-        ``bias=True`` as for :meth:`dpsql.Connection.execute` (10% of epsilon buys ``res.bias``)."""
-        ticket = flight.Ticket(request_body(sql, epsilon, delta, bias))
+        ``bias=True`` as for :meth:`dpsql.Connection.execute` (10% of epsilon buys ``res.bias``).
+        ``dialect``: the SQL dialect ``sql`` is written in ("bigquery", "postgres", "tsql" ...,
+        sqlglot's reader names; default the client's ``dialect``, else DuckDB's)."""
+        ticket = flight.Ticket(request_body(sql, epsilon, delta, bias, dialect or self.dialect))
         table = self._call(lambda: self._flight.do_get(ticket, self._options).read_all())
         return decode_result(table, sql)
 
-    def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> RemoteExplanation:
+    def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
+                dialect: str | None = None) -> RemoteExplanation:
         """What ``sql`` would be charged, its mechanisms, bounded SQL and expected accuracy."""
-        answer = self._action("explain", request_body(sql, epsilon, delta))
+        answer = self._action("explain", request_body(sql, epsilon, delta, dialect=dialect or self.dialect))
         known = {f.name for f in fields(RemoteExplanation)}
         given = {k: v for k, v in answer.items() if k in known}
         given["bias"] = tuple(given.get("bias") or ())

@@ -59,7 +59,9 @@ class LaplaceNoise(Noise, Protocol):
     def scale(self) -> float: ...
 
 
-MeasurementKind = Literal["count_rows", "count_values", "count_units", "sum", "sum_centred", "sum_squares"]
+MeasurementKind = Literal[
+    "count_rows", "count_values", "count_units", "count_distinct_values", "sum", "sum_centred", "sum_squares"
+]
 AggregateFunction = Literal[
     "count", "count_distinct", "sum", "avg", "var_pop", "var_samp", "stddev_pop", "stddev_samp", "value"
 ]

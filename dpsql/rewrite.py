@@ -39,6 +39,7 @@ from dpsql.analyze.predicates import member
 from dpsql.engine import Engine
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.rewrite_columns import Layout, Read, RowValue, layout
+from dpsql.rewrite_distinct import distinct_row_value, distinct_total, kept_values
 from dpsql.sqltypes import parse_type
 
 __all__ = ["LIST_PARAMETER", "bounded_query", "bounded_sql", "key_parameters", "new_salt", "salt_parameters",
@@ -156,7 +157,7 @@ def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None,
     literal ``IN`` lists, keeping the same pairs, and the query needs no parameter but salts."""
     columns = layout(plan)
     listed = _listed_keys(plan, engine) if list_parameters else []
-    rows = _rows(plan, engine, _row_projections(plan, engine, columns), bound={k for _, k, _, _ in listed})
+    rows = _rows(plan, engine, _row_projections(plan, engine, columns, salt), bound={k for _, k, _, _ in listed})
     if plan.unit_column is None and not plan.unit_is_row:
         return _final(plan, columns, rows, per_row=True)
     if not plan.measurements and plan.selection is None:
@@ -198,7 +199,7 @@ def _rows(
         side = "LEFT" if source.join == "left" else None
         assert source.on is not None, "the analyzer gives every joined source its ON condition"
         query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
-    conditions = [plan.where.copy()] if plan.where is not None else []
+    conditions = [_engine_tables(engine, plan.where.copy())] if plan.where is not None else []
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
@@ -265,6 +266,15 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     return query
 
 
+def _engine_tables(engine: Engine, node: exp.Expr) -> exp.Expr:
+    """``node`` with every policy table it names (an IN / EXISTS subquery's) the engine's."""
+    for table in list(node.find_all(exp.Table)):
+        real = engine.table(table.name)
+        real.set("alias", table.args.get("alias"))
+        table.replace(real)
+    return node
+
+
 def _aliased(engine: Engine, source: Source) -> exp.Expression:
     if source.query is not None:  # a derived table: its query, over the engine's tables
         query = source.query.copy()
@@ -278,9 +288,10 @@ def _aliased(engine: Engine, source: Source) -> exp.Expression:
     return table
 
 
-def _row_projections(plan: QueryPlan, engine: Engine, columns: Layout) -> list[exp.Expr]:
+def _row_projections(plan: QueryPlan, engine: Engine, columns: Layout, salt: int | None = None) -> list[exp.Expr]:
     projections: list[exp.Expr] = []
-    if plan.unit_column is not None or plan.unit_is_row:
+    per_unit = plan.unit_column is not None or plan.unit_is_row
+    if per_unit:
         projections.append(_alias(_unit(plan, engine), "__u"))
     for key in plan.group_keys:
         projections.append(_alias(key.expression.copy(), key.name))
@@ -288,6 +299,10 @@ def _row_projections(plan: QueryPlan, engine: Engine, columns: Layout) -> list[e
         m = value.of
         types = {} if m.expression is not None else _types(plan, engine, m.source)
         projections.append(_alias(_row_value(value, types), value.name))
+    for m in plan.measurements:  # COUNT(DISTINCT x) of a non-unit column (dpsql.rewrite_distinct)
+        if m.kind == "count_distinct_values":
+            unit = _unit(plan, engine) if per_unit else None
+            projections.append(_alias(distinct_row_value(m, unit, salt), f"{m.name}_v"))
     # COUNT(*) over a row-level table needs no column at all, but SQL needs a select list
     return projections or [_alias(_int(1), "__one")]
 
@@ -366,6 +381,8 @@ def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select) -> exp.Select:
             value = _func("least", exp.Count(this=_col(read.count)), _int(cap))
         elif read.value is not None and read.count is not None:
             value = _rescaled_sum(lambda r=read: _unit_sum(r), read.count, cap)  # type: ignore[misc]
+        elif m.kind == "count_distinct_values":
+            value = kept_values(_col(f"{m.name}_v"), cap)
         else:
             raise AssertionError(f"no per-row column for {m.name}")
         projections.append(_alias(value, m.name))
@@ -476,6 +493,8 @@ def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool) 
 
 def _total(m: Measurement, read: Read, per_row: bool) -> exp.Expression:
     """A measurement's exact total over the kept (unit, group) pairs (or rows, ``per_row``)."""
+    if m.kind == "count_distinct_values":
+        return distinct_total(_col(f"{m.name}_v" if per_row else m.name), per_row)
     if not per_row:
         return exp.Sum(this=_col(m.name))
     if m.kind == "count_values" and read.count is not None:

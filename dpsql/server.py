@@ -87,6 +87,7 @@ class Request:
     epsilon: float | None
     delta: float | None
     bias: bool = False
+    dialect: str | None = None
 
     @classmethod
     def parse(cls, body: bytes) -> Request:
@@ -107,14 +108,18 @@ class Request:
         bias = fields.get("bias", False)
         if not isinstance(bias, bool):
             raise Error(f"malformed request: bias must be true or false, got {bias!r}.")
-        return cls(fields["sql"], values["epsilon"], values["delta"], bias)
+        dialect = fields.get("dialect")
+        if dialect is not None and not isinstance(dialect, str):
+            raise Error(f"malformed request: dialect must be a string or null, got {dialect!r}.")
+        return cls(fields["sql"], values["epsilon"], values["delta"], bias, dialect)
 
     def describe(self) -> str:
         text = " ".join(self.sql.split())
         if len(text) > _LOGGED_SQL_CHARS:
             text = text[:_LOGGED_SQL_CHARS] + "..."
         bias = " bias=on" if self.bias else ""
-        return f"sql={text!r} epsilon={_amount(self.epsilon)} delta={_amount(self.delta)}{bias}"
+        dialect = "" if self.dialect is None else f" dialect={self.dialect!r}"
+        return f"sql={text!r} epsilon={_amount(self.epsilon)} delta={_amount(self.delta)}{bias}{dialect}"
 
 
 def _amount(value: float | None) -> str:
@@ -198,7 +203,8 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def _query(self, analyst: str, request: Request) -> flight.RecordBatchStream:
         start = time.perf_counter()
         try:
-            result = self._service.execute(analyst, request.sql, request.epsilon, request.delta, bias=request.bias)
+            result = self._service.execute(analyst, request.sql, request.epsilon, request.delta, bias=request.bias,
+                                           dialect=request.dialect)
         except Error as exc:
             log.info("query analyst=%r %s refused: %s (nothing charged)", analyst, request.describe(), type(exc).__name__)
             raise
@@ -233,7 +239,8 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             return asdict(status)
         request = Request.parse(body)
         try:
-            explanation = self._service.explain(analyst, request.sql, request.epsilon, request.delta)
+            explanation = self._service.explain(analyst, request.sql, request.epsilon, request.delta,
+                                                dialect=request.dialect)
         except Error as exc:
             log.info("explain analyst=%r %s refused: %s", analyst, request.describe(), type(exc).__name__)
             raise

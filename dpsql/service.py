@@ -121,18 +121,20 @@ class Service:
             return conn
 
     def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None, *,
-                bias: bool = False) -> Result:
+                bias: bool = False, dialect: str | None = None) -> Result:
         """Answer a query for ``analyst``: rate-limited, then the pipeline, whose answers
         (when it reads data) are released at their deadline (:mod:`dpsql.timing`); ``bias``
-        asks for the bias estimates (:mod:`dpsql.release.bias`, inside the same deadline)."""
+        asks for the bias estimates (:mod:`dpsql.release.bias`, inside the same deadline);
+        ``dialect``: the SQL dialect ``sql`` is written in (default DuckDB's)."""
         self._rate.take(analyst)
         if self.pool is not None:
             self.connection(analyst)  # refuses once the server is stopping
-            return self.pool.execute(analyst, sql, epsilon, delta, bias=bias)
-        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias)
+            return self.pool.execute(analyst, sql, epsilon, delta, bias=bias, dialect=dialect)
+        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias, dialect=dialect)
 
-    def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
-        return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta)
+    def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None,
+                dialect: str | None = None) -> Explanation:
+        return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta, dialect=dialect)
 
     def budget(self, analyst: str) -> BudgetStatus:
         return self.connection(analyst).budget()

@@ -29,8 +29,11 @@ _ERRORS: dict[str, type[Error]] = {name: getattr(errors, name) for name in error
 _ERRORS["ReportError"] = ReportError  # dpsql.local's error, raised by the report action
 
 
-def request_body(sql: str, epsilon: float | None, delta: float | None, bias: bool = False) -> bytes:
-    """The JSON body of a query or explain request (``"bias": true`` only when asked)."""
+def request_body(sql: str, epsilon: float | None, delta: float | None, bias: bool = False,
+                 dialect: str | None = None) -> bytes:
+    """The JSON body of a query or explain request (``"bias": true`` only when asked;
+    ``dialect`` only when given: the SQL dialect ``sql`` is written in, read by the server as
+    :meth:`dpsql.Connection.execute` does)."""
     if not isinstance(sql, str):
         raise Error(f"sql must be a string, got {type(sql).__name__}.")
     for name, value in (("epsilon", epsilon), ("delta", delta)):
@@ -38,9 +41,13 @@ def request_body(sql: str, epsilon: float | None, delta: float | None, bias: boo
             raise Error(f"{name} must be a number or None, got {value!r}.")
     if not isinstance(bias, bool):
         raise Error(f"bias must be True or False, got {bias!r}.")
+    if dialect is not None and not isinstance(dialect, str):
+        raise Error(f"dialect must be a string (a sqlglot dialect name such as 'postgres') or None, got {dialect!r}.")
     body: dict[str, object] = {"sql": sql, "epsilon": epsilon, "delta": delta}
     if bias:
         body["bias"] = True
+    if dialect is not None:
+        body["dialect"] = dialect
     return json.dumps(body).encode()
 
 

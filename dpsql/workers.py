@@ -103,14 +103,14 @@ class WorkerPool:
             self._idle.put(worker)
 
     def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None, *,
-                bias: bool = False) -> Result:
+                bias: bool = False, dialect: str | None = None) -> Result:
         """The pipeline of ``analyst``'s Connection in a free worker: its Result, or its error."""
         worker = self._idle.get()
         try:
             if self._closed:
                 raise Error("the dpsql server is shutting down; try again when it is back.")
             try:
-                worker.pipe.send((analyst, sql, epsilon, delta, bias))
+                worker.pipe.send((analyst, sql, epsilon, delta, bias, dialect))
                 kind, value = worker.pipe.recv()
             except (EOFError, OSError):
                 log.error("worker %s died while answering a query; starting another (the analyst "
@@ -211,9 +211,9 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
 
 
 def _answer(service: Any, analyst: str, sql: str, epsilon: float | None, delta: float | None,
-            bias: bool) -> tuple[str, object]:
+            bias: bool, dialect: str | None = None) -> tuple[str, object]:
     try:
-        return "ok", service.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias)
+        return "ok", service.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias, dialect=dialect)
     except Error as exc:
         return "error", exc.with_traceback(None)
     except Exception as exc:  # noqa: BLE001 - the server turns it into an InternalError

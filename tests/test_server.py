@@ -25,6 +25,7 @@ import pytest
 
 import dpsql
 from dpsql.auth import create_token, revoke_token
+from dpsql.server import Request
 
 pytestmark = pytest.mark.server
 
@@ -437,3 +438,21 @@ def test_bias_estimates_over_flight(server: ServerProcess, tokens: dict[str, str
     assert "income values clipped" in res.bias.cells["avg_income"][0].text()
     assert "bias estimate per cell" in res.format()
     assert any("bias estimate" in note for note in res.privacy.notes)
+
+
+def test_dialect_travels_with_the_query(server: ServerProcess, tokens: dict[str, str], db: Path) -> None:
+    """T-SQL read as T-SQL over the network, per call or as the client's default; the
+    server reads it exactly as the embedded API does (explain: nothing charged)."""
+    sql = "SELECT TOP 2 region, COUNT(*) AS n FROM [visits] GROUP BY region ORDER BY n DESC"
+    with dpsql.connect(db, policy=POLICY, analyst="carol") as conn:
+        local = conn.explain(sql, epsilon=0.5, dialect="tsql")
+    with client(server, tokens["carol"]) as remote:
+        with pytest.raises(dpsql.QueryRejected):
+            remote.explain(sql, epsilon=0.5)  # read as DuckDB's SQL, [visits] is a list
+        assert remote.explain(sql, epsilon=0.5, dialect="tsql").bounded_sql == local.bounded_sql
+        with pytest.raises(dpsql.QueryRejected, match="unknown SQL dialect 'klingon'"):
+            remote.explain(sql, epsilon=0.5, dialect="klingon")
+    with dpsql.Client(server.location, token=tokens["carol"], timeout=30, dialect="tsql") as remote:
+        assert remote.explain(sql, epsilon=0.5).bounded_sql == local.bounded_sql
+    with pytest.raises(dpsql.Error, match="malformed request: dialect must be a string"):
+        Request.parse(b'{"sql": "SELECT 1", "dialect": 3}')

@@ -344,6 +344,9 @@ def _aggregates(alias: str) -> st.SearchStrategy[str]:
         st.tuples(bounded, st.sampled_from(["0, 1", "-1e300, 1e300", "-5, 5"])).map(
             lambda t: f"SUM(LEAST(GREATEST({t[0]}, {t[1].split(',')[0]}), {t[1].split(',')[1]}))"),
         _any_value(alias, 1).map(lambda v: f"COUNT({v})"),
+        # issue 14: COUNT(DISTINCT x) of any column or value (each unit keeps m distinct values)
+        _col(alias, list(COLUMNS)).map(lambda c: f"COUNT(DISTINCT {c})"),
+        _any_value(alias, 1).map(lambda v: f"COUNT(DISTINCT {v})"),
     )
 
 
@@ -361,10 +364,54 @@ def _family(column: str) -> str:
 
 
 @st.composite
+def _nested(draw: st.DrawFn) -> str:
+    """A CTE or subquery that joins or nests: x joined to y (or LEFT joined) under a
+    row-level WHERE, optionally projected again, or a per-unit aggregate over the join;
+    the outer query aggregates it, grouped or not."""
+    join = draw(st.sampled_from(["JOIN y ON x.u = y.u", "LEFT JOIN y ON y.u = x.u", "JOIN p ON x.i64 = p.p_i64"]))
+    where = draw(st.one_of(st.none(), _conditions("x", 1)))
+    body = f"SELECT x.*, {'y.v AS yv' if ' y ' in f' {join} ' else 'p.label'} FROM x {join}"
+    body += f" WHERE {where}" if where else ""
+    if draw(st.booleans()):  # per unit over the join
+        f, c = draw(st.tuples(st.sampled_from(["COUNT", "SUM", "AVG", "MAX"]), _col("x", BOUNDED)))
+        body = f"SELECT x.u, {f}({c}) AS a0 FROM x {join}" + (f" WHERE {where}" if where else "") + " GROUP BY x.u"
+        outer = draw(st.sampled_from(["SUM", "AVG", "COUNT"]))
+        return f"SELECT COUNT(*), {outer}(d.a0) FROM ({body}) AS d"
+    if draw(st.booleans()):  # nested once more
+        body = f"SELECT * FROM ({body}) AS n"
+    aggregates = draw(st.lists(_aggregates("d"), min_size=1, max_size=2, unique=True))
+    keys = draw(st.lists(_keys("d"), max_size=1, unique=True))
+    outer_where = draw(st.one_of(st.none(), _conditions("d", 1)))
+    sql = f"WITH d AS ({body}) SELECT {', '.join([*keys, *aggregates])} FROM d"
+    sql += f" WHERE {outer_where}" if outer_where else ""
+    return sql + (f" GROUP BY {', '.join(keys)}" if keys else "")
+
+
+@st.composite
+def _semi_join(draw: st.DrawFn) -> str:
+    """x filtered by [NOT] IN / EXISTS over the unit's own rows of x or y."""
+    inner = draw(st.one_of(_conditions("x2", 1), st.just("x2.u = x.u")))
+    form = draw(st.sampled_from([
+        "x.u IN (SELECT x2.u FROM x AS x2 WHERE {c})",
+        "x.u NOT IN (SELECT y.u FROM y WHERE y.v > 3)",
+        "EXISTS (SELECT 1 FROM x AS x2 WHERE x2.u = x.u AND {c})",
+        "NOT EXISTS (SELECT * FROM x AS x2 WHERE x2.u = x.u AND {c})",
+    ]))
+    aggregates = draw(st.lists(_aggregates("x"), min_size=1, max_size=2, unique=True))
+    keys = draw(st.lists(_keys("x"), max_size=1, unique=True))
+    sql = f"SELECT {', '.join([*keys, *aggregates])} FROM x WHERE {form.format(c=inner)}"
+    return sql + (f" GROUP BY {', '.join(keys)}" if keys else "")
+
+
+@st.composite
 def queries(draw: st.DrawFn) -> str:
     """One query over the extreme-value tables: SELECT aggregates FROM x | xr [JOIN ...]
     [WHERE ...] [GROUP BY ...]."""
-    table = draw(st.sampled_from(["x", "x", "xr", "per_unit"]))
+    table = draw(st.sampled_from(["x", "x", "xr", "per_unit", "nested", "semi"]))
+    if table == "nested":  # issue 14: derived tables that join or nest
+        return draw(_nested())
+    if table == "semi":  # issue 14: IN / EXISTS over the same unit's rows
+        return draw(_semi_join())
     if table == "per_unit":  # issue 14: a derived table that aggregates per unit
         inner = draw(st.lists(st.tuples(st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX"]), _col("x", BOUNDED)),
                               min_size=1, max_size=2, unique=True))

@@ -37,6 +37,7 @@ from dpsql.analyze.keys import _effective_l0, _plan_group_keys
 from dpsql.analyze.outputs import _plan_output
 from dpsql.analyze.parse import parse_select, reject
 from dpsql.analyze.scope import build_scope, resolve
+from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
 from dpsql.normalize import normalize, query_budget
 from dpsql.plan import UDF, QueryPlan
 from dpsql.policy import Policy
@@ -136,10 +137,12 @@ def l0_cap(ctx: Context) -> None:
 RULES: tuple[Callable[[Context], None], ...] = (
     check_budget,
     parse,
+    lift_semijoins,
     check_clauses,
     scope,
     group_keys,
     check_where,
+    compile_semijoins,
     outputs,
     l0_cap,
     split_budget,
@@ -171,7 +174,7 @@ def _plan(ctx: Context) -> QueryPlan:
         sources=tuple(scope.sources),
         unit_is_row=ctx.primary.privacy_unit is None and scope.joined,
         value_releases=value_releases,
-        normalized=_normalized_text(ctx.select),
+        normalized=_normalized_text(restored(ctx)),
     )
 
 

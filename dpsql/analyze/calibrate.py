@@ -13,6 +13,12 @@ Sensitivities (DESIGN §1): one unit changes one group's exact sum by at most
 ``group_bound = max_rows_per_unit * row_bound`` (``1`` for a count of units) and touches at
 most ``l0`` groups, so the L1 sensitivity is ``l0 * group_sensitivity`` and the L2 one
 ``sqrt(l0) * group_sensitivity``.
+
+``COUNT(DISTINCT x)`` of a column other than the unit (``count_distinct_values``): each unit
+keeps at most ``m = max_rows_per_unit`` of its distinct values per group (the ones of smallest
+keyed hash, :mod:`dpsql.rewrite`), and a group releases how many distinct values all units
+kept. Adding a unit adds at most its ``m`` kept values to each of at most ``l0`` groups, and
+never changes what another unit keeps: ``group_bound = m``, as for a count of rows.
 """
 
 from __future__ import annotations
@@ -95,7 +101,7 @@ def fixed_point(spec: MeasurementSpec) -> tuple[int, int]:
     >>> fixed_point(MeasurementSpec("m", "count_rows"))
     (0, 1)
     """
-    if spec.kind in ("count_rows", "count_values", "count_units"):
+    if spec.kind in ("count_rows", "count_values", "count_units", "count_distinct_values"):
         return 0, 1
     lo, hi = clip_range(spec.kind, spec.bounds)
     max_abs = max(abs(lo), abs(hi))

@@ -32,6 +32,10 @@ def _check_clauses(sql: str, select: exp.Select) -> None:
         if isinstance(node, (exp.Select, exp.Subquery, exp.Exists, exp.Union)):
             raise reject("subqueries are not supported; write one flat SELECT.", sql, node)
         if isinstance(node, exp.Window):
+            if any(n is not node.this and isinstance(n, exp.AggFunc) for n in node.this.walk()):
+                raise reject("a window over aggregates (e.g. SUM(COUNT(*)) OVER ()) is not supported yet; it would only "
+                             "post-process released values, so compute it from the answer (e.g. each group's share of "
+                             "the total in pandas), for free.", sql, node)
             raise reject("window functions are not supported: they would release per-row values.", sql, node)
         if isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count):
             raise reject(

@@ -57,6 +57,7 @@ class Context:
     selection: Selection | None = None
     measurements: tuple[Measurement, ...] = ()
     value_releases: tuple[ValueRelease, ...] = ()
+    semijoins: list[exp.Expr] = field(default_factory=list)  # IN / EXISTS over the unit's rows
 
     @property
     def primary(self) -> TablePolicy:

@@ -28,7 +28,7 @@ any out-of-bounds value.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import sqlglot.expressions as exp
@@ -37,12 +37,13 @@ from dpsql.analyze import predicates
 from dpsql.analyze.parse import DIALECT, reject
 from dpsql.errors import PolicyViolation
 from dpsql.intervals import bounds
+from dpsql.plan import SOURCE_ALIAS, Source
 from dpsql.policy import ColumnPolicy, TablePolicy
 
 if TYPE_CHECKING:
-    from dpsql.analyze.scope import Entry, Scope
+    from dpsql.analyze.scope import Entry, Resolved, Scope
 
-__all__ = ["aggregates", "per_unit_entry"]
+__all__ = ["aggregates", "nested_entry", "nests", "per_unit_entry"]
 
 _AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
@@ -53,44 +54,41 @@ def aggregates(body: exp.Select) -> bool:
 
 
 def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
-                   schema: Mapping[str, Mapping[str, str]], node: exp.Expression) -> Entry:
+                   schema: Mapping[str, Mapping[str, str]], node: exp.Expression,
+                   ctes: Mapping[str, exp.Select] | None = None) -> Entry:
     """The derived table of a per-unit aggregating subquery (module docstring), or a
-    refusal saying what to write instead."""
-    from dpsql.analyze.scope import Entry, Scope, _table_entry, resolve
+    refusal saying what to write instead. Its FROM may join and nest like any query's
+    (:func:`inner_scope`): the rows it groups are then the joined rows of each unit."""
+    from dpsql.analyze.scope import Entry, resolve
 
     sql = scope.sql
     extra = [k for k, v in body.args.items()
-             if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where", "group")]
-    inner_from = body.args.get("from_") or body.args.get("from")
-    if extra or inner_from is None or not isinstance(inner_from.this, exp.Table) or body.args.get("joins"):
-        what = ", ".join(k.upper() for k in extra) or "a FROM of one table"
+             if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where", "group", "joins")]
+    if extra:
         raise reject(
-            f"a subquery that aggregates may read one policy table and GROUP BY its privacy unit ({what} found); "
-            "move HAVING, ORDER BY, LIMIT and joins to the outer query.", sql, body)
-    inner = _table_entry(scope, inner_from.this, f"{canonical}_in", schema)
-    table = inner.table
+            f"a subquery that aggregates may read policy tables and GROUP BY the privacy unit "
+            f"({', '.join(k.upper() for k in extra)} found); move HAVING, ORDER BY and LIMIT to the outer query.",
+            sql, body)
+    local, condition = inner_scope(scope, body, ctes or {}, schema, aggregating=True)
+    primary = local.primary
+    table = primary.table
     unit = table.privacy_unit
-    if table.public or unit is None:
-        raise reject(
-            f"a subquery that aggregates must GROUP BY a privacy unit, and table {table.name!r} has none; "
-            "aggregate it in the outer query instead.", sql, body)
-    local = Scope(sql=sql, policy=scope.policy, entries={inner.name.casefold(): inner})
+    assert unit is not None  # inner_scope refuses a table without one
     group = body.args.get("group")
     keys = [] if group is None else list(group.expressions)
-    resolved_keys = {}
+    resolved_keys: dict[tuple[str, str], Resolved] = {}
     for key in keys:
         if not isinstance(key, exp.Column):
             raise reject("a per-unit subquery groups by columns only.", sql, key)
         r = resolve(local, key)
-        resolved_keys[r.policy.name.casefold()] = r
-    if unit.casefold() not in resolved_keys:
+        resolved_keys[(r.entry.canonical, r.policy.name.casefold())] = r
+    unit_key = next((r for r in resolved_keys.values() if r.is_unit and _same_unit(local, r)), None)
+    if unit_key is None:
         raise reject(
-            f"a subquery that aggregates must GROUP BY the privacy unit ({unit}): only then is each of its "
-            "rows one unit's; aggregating over several units first would release their combination.",
+            f"a subquery that aggregates must GROUP BY the privacy unit ({_unit_text(primary)}): only then is each "
+            "of its rows one unit's; aggregating over several units first would release their combination.",
             sql, group or body)
-    where = body.args.get("where")
-    condition = None if where is None else predicates.check_where(sql, where.this, lambda c: resolve(local, c))
-    m = table.max_rows_per_unit
+    m = local.max_rows_per_unit
     columns: dict[str, ColumnPolicy] = {}
     types: dict[str, str] = {}
     projections: list[exp.Expr] = []
@@ -100,12 +98,12 @@ def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
         inner_node = item.unalias()
         if isinstance(inner_node, exp.Column):
             r = resolve(local, inner_node)
-            if r.policy.name.casefold() not in resolved_keys:
+            if (r.entry.canonical, r.policy.name.casefold()) not in resolved_keys:
                 raise reject(f"column {inner_node.name!r} is not in the subquery's GROUP BY.", sql, inner_node)
-            if r.is_unit:
+            if r.is_unit and _same_unit(local, r) and unit_name is None:
                 unit_name = out
             else:
-                columns[out] = dataclasses.replace(r.policy, name=out)
+                columns[out.casefold()] = dataclasses.replace(r.policy, name=out)
             types[out.casefold()] = r.dtype
             projections.append(exp.alias_(r.ref.copy(), out, quoted=True))
             continue
@@ -113,21 +111,182 @@ def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
             raise reject("a per-unit subquery selects its GROUP BY columns and COUNT, SUM, AVG, MIN or MAX of "
                          "its columns.", sql, item)
         value, interval, kind = _aggregate(sql, inner_node, local, m)
-        columns[out] = ColumnPolicy(out, "aggregate", bounds=interval)
+        columns[out.casefold()] = ColumnPolicy(out, "aggregate", bounds=interval)
         types[out.casefold()] = kind
         projections.append(exp.alias_(value, out, quoted=True))
     if unit_name is None:
         unit_name = "__unit"
-        projections.append(exp.alias_(resolved_keys[unit.casefold()].ref.copy(), unit_name, quoted=True))
-        types[unit_name] = resolved_keys[unit.casefold()].dtype
-    query = exp.select(*projections).from_(
-        exp.Table(this=exp.to_identifier(table.name, quoted=True),
-                  alias=exp.TableAlias(this=exp.to_identifier(inner.canonical, quoted=True))))
+        projections.append(exp.alias_(unit_key.ref.copy(), unit_name, quoted=True))
+        types[unit_name] = unit_key.dtype
+    query = joined_sources(local).select(*projections)
     if condition is not None:
         query = query.where(condition)
     query = query.group_by(*[r.ref.copy() for r in resolved_keys.values()])
-    derived = TablePolicy(name, False, unit_name, table.max_groups_per_unit, m, columns)
+    derived = TablePolicy(name, False, unit_name, local.max_groups_per_unit, m, columns)
     return Entry(name, derived, types, canonical, None, query=query)
+
+
+# -- subqueries that join or nest (issue 14, item 1) -------------------------------------
+
+
+def nests(body: exp.Select, ctes: Mapping[str, exp.Select]) -> bool:
+    """Whether a row-level subquery joins, has CTEs of its own, or reads another subquery
+    or CTE (the simple one-table projection is inlined by the scope pass instead)."""
+    from_ = body.args.get("from_") or body.args.get("from")
+    if body.args.get("joins") or body.args.get("with_") or body.args.get("with") or from_ is None:
+        return bool(from_ is not None)
+    first = from_.this
+    return isinstance(first, exp.Subquery) or (
+        isinstance(first, exp.Table) and not first.args.get("db") and first.name.casefold() in ctes)
+
+
+def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
+                schema: Mapping[str, Mapping[str, str]], aggregating: bool = False,
+                alias: str = SOURCE_ALIAS) -> tuple[Scope, exp.Expr | None]:
+    """The scope of a subquery's FROM and JOINs, read exactly as a whole query's are (policy
+    tables, CTEs, subqueries; private tables joined on their units, public ones on any
+    equality), and its row condition (its WHERE and its inlined subqueries'), compiled.
+
+    Why a derived table over it is private: every private table is joined on the unit, so a
+    joined row is one unit's, and removing a unit removes exactly its joined rows (public
+    tables are the same on both sides); the outer query then bounds, clips and noises
+    those rows as it would a table's (with the product of the row caps, as for any join)."""
+    from dpsql.analyze.scope import Scope, _add, _ctes
+
+    sql = scope.sql
+    local_ctes = {**ctes, **_ctes(sql, body)}
+    inner = Scope(sql=sql, policy=scope.policy, alias=alias)
+    from_ = body.args.get("from_") or body.args.get("from")
+    if from_ is None:
+        raise reject("a CTE or subquery in FROM needs a FROM of policy tables.", sql, body)
+    pending: list[tuple[exp.Expression, Scope]] = []
+    first = _add(inner, from_.this, local_ctes, schema, pending, join=None)
+    if first.table.public or first.table.privacy_unit is None:
+        what = "is public" if first.table.public else "has no privacy unit (each row is its own unit)"
+        raise reject(
+            f"table {first.table.name!r} {what}: a subquery that "
+            + ("aggregates must GROUP BY a privacy unit" if aggregating else "joins or nests must read a table with a "
+               "privacy unit first") + "; write the query over that table in the outer query instead.",
+            sql, from_.this)
+    for join in body.args.get("joins") or []:
+        _add(inner, join.this, local_ctes, schema, pending, join=join)
+    conditions: list[exp.Expression] = [predicates.check_where(sql, c, _resolver(s)) for c, s in pending]
+    where = body.args.get("where")
+    if where is not None:
+        conditions.append(predicates.check_where(sql, where.this, _resolver(inner)))
+    return inner, (exp.and_(*conditions) if conditions else None)
+
+
+def _resolver(scope: Scope) -> Callable[[exp.Column], Resolved]:
+    from dpsql.analyze.scope import resolve
+
+    return lambda column: resolve(scope, column)
+
+
+def nested_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
+                 schema: Mapping[str, Mapping[str, str]], ctes: Mapping[str, exp.Select]) -> Entry:
+    """A row-level subquery that joins or nests, as a derived table of the joined rows: its
+    projected columns keep their policies (renamed as projected), and it carries the first
+    table's privacy unit (projected, or added as ``__unit``). A computed column is refused
+    (it has no policy; compute it in the outer query)."""
+    from dpsql.analyze.scope import Entry
+
+    sql = scope.sql
+    extra = [k for k, v in body.args.items()
+             if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where", "joins", "with", "with_")]
+    if extra:
+        raise reject(
+            f"a CTE or subquery in FROM may project columns of, filter and join policy tables "
+            f"({', '.join(k.upper() for k in extra)} found); move aggregates, DISTINCT, ORDER BY and LIMIT to the "
+            "outer query.", sql, body)
+    local, condition = inner_scope(scope, body, ctes, schema)
+    columns: dict[str, ColumnPolicy] = {}
+    types: dict[str, str] = {}
+    projections: list[exp.Expr] = []
+    unit_name: str | None = None
+    for out, r in _projected(local, body):
+        if out.casefold() in types:
+            continue  # SELECT * over a join names the join key twice: keep the first, as USING would
+        if r.is_unit and _same_unit(local, r) and unit_name is None:
+            unit_name = out
+        elif r.is_unit:
+            columns[out.casefold()] = ColumnPolicy(out, "filter")
+        else:
+            columns[out.casefold()] = dataclasses.replace(r.policy, name=out)
+        types[out.casefold()] = r.dtype
+        projections.append(exp.alias_(r.ref.copy(), out, quoted=True))
+    if unit_name is None:
+        unit_name = "__unit"
+        primary = local.primary
+        unit_ref = exp.column(str(primary.table.privacy_unit), table=primary.canonical, quoted=True)
+        projections.append(exp.alias_(unit_ref, unit_name, quoted=True))
+        types[unit_name] = primary.types[str(primary.table.privacy_unit).casefold()]
+    query = joined_sources(local).select(*projections)
+    if condition is not None:
+        query = query.where(condition)
+    derived = TablePolicy(name, False, unit_name, local.max_groups_per_unit, local.max_rows_per_unit, columns)
+    return Entry(name, derived, types, canonical, None, query=query)
+
+
+def _projected(local: Scope, body: exp.Select) -> list[tuple[str, Resolved]]:
+    """(output name, column) of each projected column; ``*`` and ``t.*`` expand to the
+    columns a query may use."""
+    from dpsql.analyze.scope import _usable_columns, resolve
+
+    out: list[tuple[str, Resolved]] = []
+    for item in body.expressions:
+        node = item.unalias()
+        star = isinstance(node, exp.Star) or (isinstance(node, exp.Column) and isinstance(node.this, exp.Star))
+        if star:
+            qualifier = node.table if isinstance(node, exp.Column) else ""
+            entries = [e for e in local.entries.values() if not qualifier or e.name.casefold() == qualifier.casefold()]
+            if not entries:
+                raise reject(f"unknown table qualifier {qualifier!r} in {item.sql(dialect=DIALECT)}.", local.sql, item)
+            for e in entries:
+                for column in _usable_columns(e):
+                    if column.startswith("__"):
+                        continue  # a linked or derived table's own unit column: carried, not selected
+                    out.append((column, resolve(local, exp.column(column, table=e.name))))
+            continue
+        if not isinstance(node, exp.Column):
+            raise reject(
+                "a CTE or subquery in FROM may only select columns (computed columns have no clipping bounds); "
+                "compute in the outer query instead.", local.sql, item)
+        out.append((item.alias_or_name, resolve(local, node)))
+    return out
+
+
+def _same_unit(local: Scope, r: Resolved) -> bool:
+    """Whether a unit column holds the first table's unit on every joined row (the first
+    table's own, or an inner-joined private table's, joined on it)."""
+    if r.entry is local.primary:
+        return True
+    source = next((s for s in local.sources if s.alias == r.entry.canonical), None)
+    return source is not None and source.join == "inner"
+
+
+def _unit_text(entry: Entry) -> str:
+    if entry.link is not None:
+        column, table, target = entry.link
+        return f"{table}.{target}, which {entry.table.name}.{column} links to"
+    return str(entry.table.privacy_unit)
+
+
+def joined_sources(local: Scope) -> exp.Select:
+    """``SELECT FROM s0 JOIN s1 ON ...`` over the scope's sources, named as in the policy
+    (the rewrite swaps in the engine's tables) under their canonical aliases."""
+
+    def node(source: Source) -> exp.Expression:
+        alias = exp.to_identifier(source.alias, quoted=True)
+        if source.query is not None:
+            return source.query.copy().subquery(alias)
+        return exp.Table(this=exp.to_identifier(source.table, quoted=True), alias=exp.TableAlias(this=alias))
+
+    query = exp.select().from_(node(local.sources[0]))
+    for source in local.sources[1:]:
+        assert source.on is not None
+        query = query.join(node(source), on=source.on.copy(), join_type="LEFT" if source.join == "left" else None)
+    return query
 
 
 def _aggregate(sql: str, node: exp.Expression, local: Scope, m: int) -> tuple[exp.Expression, tuple[float, float], str]:

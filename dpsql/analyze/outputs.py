@@ -16,7 +16,7 @@ from dpsql.analyze.parse import DIALECT, point_at, reject
 from dpsql.analyze.scope import Resolved
 from dpsql.diagnose import quote
 from dpsql.errors import PolicyViolation, QueryRejected
-from dpsql.intervals import bounds
+from dpsql.intervals import ANALYST_CLAMP, bounds
 from dpsql.plan import NOISY_TABLE, SOURCE_ALIAS, Aggregate, QuantileSpec
 from dpsql.policy import ColumnPolicy
 
@@ -189,10 +189,13 @@ def _is_value_release(ctx: Context, node: exp.Expression) -> bool:
 
 def _add_value_release(ctx: Context, node: exp.Expression) -> str:
     """MEDIAN, QUANTILE_CONT / PERCENTILE_CONT ... WITHIN GROUP, or a registered UDF."""
-    column, target_of = _value_call(ctx, node)
+    argument, target_of = _value_call(ctx, node)
+    clamp = _clamp_of(argument)
+    column = clamp[0] if clamp is not None else argument
+    assert isinstance(column, exp.Column)
     resolved = _column(ctx, column)
     _check_aggregatable(ctx, resolved, node)
-    target = target_of(resolved.policy.bounds)
+    target = target_of(_narrowed(resolved.policy.bounds, None if clamp is None else clamp[1]))
     key = f"value:{_source_text(node).casefold()}:{_key_identity(resolved)}"
     if key not in ctx.values:
         agg = Aggregate(f"__a{len(ctx.aggregates) + len(ctx.values)}", "value", _source_text(node), (), resolved.policy.bounds)
@@ -226,6 +229,31 @@ def _value_call(ctx: Context, node: exp.Expression):  # type: ignore[no-untyped-
     return _bare_column(ctx, node.expressions[0], node), lambda b: udf
 
 
+def _clamp_of(arg: exp.Expr) -> tuple[exp.Column, tuple[float, float]] | None:
+    """``(column, (lo, hi))`` of an analyst's per-row bounds on an order statistic's column
+    (BigQuery's ``contribution_bounds_per_row``, written ``__dp_bounds(x, lo, hi)``)."""
+    if not (isinstance(arg, exp.Anonymous) and arg.name.lower() == ANALYST_CLAMP and len(arg.expressions) == 3):
+        return None
+    column, lo, hi = arg.expressions
+    if not isinstance(column, exp.Column):
+        return None
+    try:
+        return column, (float(lo.sql()), float(hi.sql()))
+    except ValueError:
+        return None
+
+
+def _narrowed(policy: tuple[float, float] | None, analyst: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The policy's bounds, narrowed (never widened) by the analyst's."""
+    if policy is None or analyst is None:
+        return policy
+    lo, hi = max(float(policy[0]), analyst[0]), min(float(policy[1]), analyst[1])
+    if not lo < hi:
+        raise QueryRejected(f"the bounds ({analyst[0]:g}, {analyst[1]:g}) do not overlap the column's bounds "
+                            f"[{policy[0]:g}, {policy[1]:g}]; an analyst may only narrow them.")
+    return lo, hi
+
+
 def _float_bounds(bounds: tuple[float, float] | None) -> tuple[float, float]:
     assert bounds is not None
     return float(bounds[0]), float(bounds[1])
@@ -255,7 +283,8 @@ _AGG_NAMES = {"count", "sum", "avg", "mean", "median", "quantile", "quantile_con
 
 def _add_aggregate(ctx: Context, node: exp.Expression) -> str:
     function, arg = _aggregate_call(ctx, node)
-    resolved = None if arg is None else _argument(ctx, arg, node, needs_bounds=function not in ("count",))
+    counts = ("count", "count_distinct_values")
+    resolved = None if arg is None else _argument(ctx, arg, node, needs_bounds=function not in counts)
     key = f"{function}:{_key_identity(resolved) if resolved is not None else '*'}"
     if key in ctx.aggregates:
         return ctx.aggregates[key].name
@@ -264,6 +293,12 @@ def _add_aggregate(ctx: Context, node: exp.Expression) -> str:
         kinds = [("count_rows", None)] if resolved is None else [("count_values", resolved)]
     elif function == "count_distinct":
         kinds = [("count_units", None)]
+    elif function == "count_distinct_values":
+        assert resolved is not None
+        if resolved.is_unit:  # a unit through an expression, e.g. COUNT(DISTINCT CAST(uid AS TEXT))
+            raise reject("COUNT(DISTINCT ...) of the privacy unit counts units: write COUNT(DISTINCT unit) on the "
+                         "bare unit column.", ctx.sql, node)
+        function, kinds = "count_distinct", [("count_distinct_values", resolved)]
     else:
         assert resolved is not None
         _check_aggregatable(ctx, resolved, node)
@@ -386,16 +421,11 @@ def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Expres
             cols = arg.expressions
             if len(cols) == 1 and isinstance(cols[0], exp.Column) and _column(ctx, cols[0]).is_unit:
                 return "count_distinct", None
-            unit = ctx.primary.privacy_unit
-            if ctx.scope.primary.link is not None:
-                unit = (f"held by {ctx.scope.primary.link[1]}, which {ctx.primary.name} reaches through its privacy_link: "
-                        f"join {ctx.scope.primary.link[1]} and count its unit")
-            raise reject(
-                "COUNT(DISTINCT ...) is supported only on the privacy unit column"
-                + (f" ({unit})." if unit else "; this table has no privacy unit."),
-                ctx.sql,
-                node,
-            )
+            if len(cols) != 1:
+                raise reject("COUNT(DISTINCT ...) takes one column or expression.", ctx.sql, node)
+            # another column's distinct values, each unit keeping at most m per group
+            # (:mod:`dpsql.analyze.calibrate`)
+            return "count_distinct_values", cols[0]
         return "count", arg
     if isinstance(node, (exp.Sum, exp.Avg, *_SPREAD)):
         if isinstance(node.this, exp.Distinct):
@@ -411,7 +441,10 @@ def _aggregate_call(ctx: Context, node: exp.Expression) -> tuple[str, exp.Expres
     )
 
 
-def _bare_column(ctx: Context, arg: exp.Expression, node: exp.Expression) -> exp.Column:
+def _bare_column(ctx: Context, arg: exp.Expression, node: exp.Expression) -> exp.Expr:
+    """The column an order statistic reads (or its analyst-bounded form, :func:`_clamp_of`)."""
+    if _clamp_of(arg) is not None:
+        return arg
     if isinstance(node, exp.Count) and isinstance(arg, exp.Literal):  # COUNT(1): the user meant rows
         raise reject(f"{quote(ctx.sql, node)}: write COUNT(*) to count rows, or COUNT(column) to count a "
                      "column's non-NULL values.", ctx.sql, node)

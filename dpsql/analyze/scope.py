@@ -10,7 +10,9 @@ joined rows of each unit, so a join that repeats rows cannot raise the sensitivi
 - ``[INNER | LEFT] JOIN`` another private table on the two privacy units (plus any other
   equalities); the caps compose (see "Joined private tables" below);
 - a CTE or a subquery in FROM that only projects columns (``*`` or columns, renamed or
-  not) and filters rows of one policy table: it is inlined.
+  not) and filters rows of one policy table: it is inlined; one that joins, nests or
+  aggregates per unit is a derived table (:mod:`dpsql.analyze.derived`);
+- a LEFT JOIN's ON may add row-level conditions to its equalities (checked like WHERE).
 
 Joined private tables (DESIGN §4, issue 15). Neighbours differ in all rows of one unit, in
 every table at once. Private tables join on their units, so a joined row ``(a, b)`` has
@@ -34,10 +36,10 @@ sum by at most ``R * row_bound`` and touches at most ``L0`` groups: L1 sensitivi
 ``tests/test_join_caps.py`` checks the caps, that a 1:N join's COUNT and SUM cover the truth
 at the reported 95% (statistically), and audits the sensitivity (``dpsql audit``).
 
-Refused, with the reason: RIGHT, FULL, CROSS and NATURAL joins, joins without ON, private
-tables joined on anything but their units, self-joins of a private table, a public table in
-FROM (the private table must come first), and CTEs or subqueries that aggregate, join,
-limit or compute.
+Refused, with the reason: RIGHT, FULL, CROSS and NATURAL joins, joins without an equality
+in ON, private tables joined on anything but their units (or a privacy_link key), a public
+table first in FROM (the private table must come first), and CTEs or subqueries that
+compute columns, limit, or aggregate without grouping by the unit.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from dpsql.analyze.parse import point_at, reject
-from dpsql.analyze.predicates import join_equality
+from dpsql.analyze.predicates import check_where, join_equality
 from dpsql.diagnose import did_you_mean
 from dpsql.errors import PolicyViolation
 from dpsql.plan import SOURCE_ALIAS, Source
@@ -81,10 +83,11 @@ class Scope:
     entries: dict[str, Entry] = field(default_factory=dict)
     sources: list[Source] = field(default_factory=list)
     conditions: list[exp.Expression] = field(default_factory=list)  # from inlined subqueries
+    alias: str = SOURCE_ALIAS  # the first source's canonical alias (a semi-join's own: dpsql.analyze.semijoins)
 
     @property
     def primary(self) -> Entry:
-        return next(e for e in self.entries.values() if e.canonical == SOURCE_ALIAS)
+        return next(e for e in self.entries.values() if e.canonical == self.alias)
 
     def private_tables(self) -> list[TablePolicy]:
         return [e.table for e in self.entries.values() if not e.table.public]
@@ -221,11 +224,12 @@ def _add(
     pending: Pending,
     join: exp.Join | None,
 ) -> Entry:
-    canonical = SOURCE_ALIAS if not scope.entries else f"{SOURCE_ALIAS}{len(scope.entries)}"
+    canonical = scope.alias if not scope.entries else f"{scope.alias}{len(scope.entries)}"
+    left = join is not None and (join.side or "").upper() == "LEFT"
     if isinstance(node, exp.Subquery):
-        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node)
+        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node, ctes, left)
     elif isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in ctes:
-        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node)
+        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node, ctes, left)
     else:
         entry, where = _table_entry(scope, node, canonical, schema), None
     if entry.name.casefold() in scope.entries:
@@ -338,15 +342,29 @@ def _inline(
     canonical: str,
     schema: Mapping[str, Mapping[str, str]],
     node: exp.Expression,
+    ctes: dict[str, exp.Select] | None = None,
+    left: bool = False,
 ) -> tuple[Entry, tuple[exp.Expression, Scope] | None]:
-    """A CTE or FROM subquery that only projects and filters one table, as an entry."""
+    """A CTE or FROM subquery that only projects and filters one table, as an entry; one
+    that aggregates per unit, joins or nests is a derived table (:mod:`dpsql.analyze.derived`)."""
     sql = scope.sql
     if not isinstance(body, exp.Select):
         raise reject("a CTE or subquery in FROM must be one SELECT.", sql, node)
     from dpsql.analyze import derived  # late: it builds entries of this module
 
     if derived.aggregates(body):
-        return derived.per_unit_entry(scope, body, name, canonical, schema, node), None
+        return derived.per_unit_entry(scope, body, name, canonical, schema, node, ctes or {}), None
+    if derived.nests(body, ctes or {}):
+        return derived.nested_entry(scope, body, name, canonical, schema, ctes or {}), None
+    if left and body.args.get("where") is not None:
+        # A LEFT-joined subquery's WHERE filters its own rows before the join; inlined into
+        # the outer WHERE it would also drop the left rows it leaves unmatched.
+        first = body.args.get("from_") or body.args.get("from")
+        table = scope.policy.table(first.this.name) if first is not None and isinstance(first.this, exp.Table) else None
+        if table is not None and table.public:
+            raise reject("a LEFT-joined subquery over a public table may not filter its rows; put the condition in "
+                         "the JOIN's ON instead (ON a.k = b.k AND <condition>).", sql, node)
+        return derived.nested_entry(scope, body, name, canonical, schema, ctes or {}), None
     extra = [k for k, v in body.args.items() if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where")]
     inner_from = body.args.get("from_") or body.args.get("from")
     if extra or inner_from is None or not isinstance(inner_from.this, exp.Table):
@@ -392,7 +410,7 @@ def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expr:
     sql = scope.sql
     side = (join.side or "").upper()
     kind = (join.kind or "").upper()
-    if side in ("RIGHT", "FULL") or kind in ("CROSS", "OUTER") or join.args.get("method"):
+    if side in ("RIGHT", "FULL") or kind == "CROSS" or (kind == "OUTER" and side != "LEFT") or join.args.get("method"):
         raise reject(
             f"{' '.join(filter(None, [join.args.get('method'), side, kind])) or 'this'} JOIN is not "
             "supported: use [INNER] JOIN or LEFT JOIN with the private table first.",
@@ -426,6 +444,9 @@ def _follows_a_link(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Reso
                     and y.entry.table.name.casefold() == target.casefold()
                     and y.policy.name.casefold() == target_column.casefold()):
                 return True
+            if (y.entry.link == link and x.policy.name.casefold() == column.casefold()
+                    and y.policy.name.casefold() == column.casefold()):
+                return True  # two linked tables on one link key (lineitem a JOIN lineitem b ON a.l_orderkey = b.l_orderkey)
     return False
 
 
@@ -442,13 +463,23 @@ def _equalities(scope: Scope, on: exp.Expression) -> tuple[list[tuple[Resolved, 
     fail, nor match, on some values only)."""
     conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
     pairs, equalities = [], []
+    others: list[exp.Expression] = []
     for c in conjuncts:
         c = c.unnest()
         if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
-            raise reject("JOIN ... ON takes equalities of columns joined by AND.", scope.sql, c)
+            assert isinstance(c, exp.Expression)
+            others.append(c)
+            continue
         a, b = resolve(scope, c.this), resolve(scope, c.expression)
         equalities.append(join_equality(scope.sql, a, b, c))
         pairs.append((a, b))
+    if not pairs:
+        raise reject("JOIN ... ON needs an equality of columns (other conditions may follow it with AND).",
+                     scope.sql, on)
+    # The rest of a (LEFT) join's ON: row-level conditions, checked total like WHERE (an
+    # inner join's were moved to WHERE by dpsql.normalize). They pick which rows pair, and
+    # every pair is still one unit's: the unit equality is required all the same.
+    equalities += [check_where(scope.sql, c, lambda column: resolve(scope, column)) for c in others]
     return pairs, equalities
 
 

@@ -94,12 +94,30 @@ def _contribution_bounds(sql: str) -> tuple[str, list[tuple[str, float, float]]]
                 if depth == 0:
                     break
                 depth -= 1
-        arg = sql[start + 1 : match.start()]
+        arg, rest = _first_argument(sql[start + 1 : match.start()])
         lo, hi = float(match.group(2)), float(match.group(3))
         if not lo < hi:
             raise QueryRejected(f"contribution bounds ({match.group(2)}, {match.group(3)}) need lower < upper.")
         found.append((arg.strip(), lo, hi))
-        sql = f"{sql[:start + 1]}__dp_bounds({arg}, {match.group(2)}, {match.group(3)}){sql[match.end():]}"
+        sql = f"{sql[:start + 1]}__dp_bounds({arg}, {match.group(2)}, {match.group(3)}){rest}{sql[match.end():]}"
+
+
+def _first_argument(args: str) -> tuple[str, str]:
+    """``"x, 0.5"`` -> ``("x", ", 0.5")``: the bounded value is the first argument
+    (BigQuery's ``PERCENTILE_CONT(x, 0.5, contribution_bounds_per_row => ...)``)."""
+    depth, quote = 0, ""
+    for i, ch in enumerate(args):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return args[:i], args[i:]
+    return args, ""
 
 
 def _top(sql: str) -> tuple[str, int | None]:

@@ -105,6 +105,21 @@ def parenthesised_tables(select: exp.Select, ctx: _Ctx) -> exp.Select:
     return select
 
 
+def parenthesised_joins(select: exp.Select, ctx: _Ctx) -> exp.Select:
+    """``FROM (a JOIN b ON ...) AS q`` -> ``FROM (SELECT * FROM a JOIN b ON ...) AS q``: a
+    derived table like any other (:mod:`dpsql.analyze.derived`)."""
+    for sub in list(select.find_all(exp.Subquery)):
+        inner = sub.this
+        if isinstance(inner, exp.Table) and inner.args.get("joins"):
+            joins = inner.args["joins"]
+            first = inner.copy()
+            first.set("joins", None)
+            body = exp.select(exp.Star()).from_(first)
+            body.set("joins", [j.copy() for j in joins])
+            sub.set("this", body)
+    return select
+
+
 def _alias(node: exp.Expression) -> str:
     return node.alias_or_name
 
@@ -355,6 +370,7 @@ PASSES: tuple[Callable[[exp.Select, _Ctx], exp.Select], ...] = (
     spellings,
     aggregate_filters,
     parenthesised_tables,
+    parenthesised_joins,
     using_joins,
     comma_joins,
     private_first,

@@ -33,6 +33,9 @@ every connection must use TLS and sends the token as a password inside it, check
 :class:`dpsql.auth.TokenVerifier` like a Flight bearer token. A wrong, revoked or unknown
 credential fails with SQLSTATE 28P01 after at least :data:`~dpsql.pgwire.listener.AUTH_FLOOR_SECONDS`.
 
+SQL. Queries are read as Postgres SQL (sqlglot's ``postgres`` reader, as
+``conn.execute(sql, dialect="postgres")`` reads them), then checked like any query.
+
 What is not Postgres. Results are text format only; ``BEGIN``/``COMMIT``/``ROLLBACK`` are
 accepted and do nothing (a query is charged when it runs; a rollback refunds nothing); a
 query runs when its portal is first described or executed; ``Describe`` of a prepared

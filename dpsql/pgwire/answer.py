@@ -156,7 +156,7 @@ class Answering:
         started = time.perf_counter()
         described = _describe(sql, epsilon, delta)
         try:
-            result = self.server.service.execute(self.user, sql, epsilon, delta,
+            result = self.server.service.execute(self.user, sql, epsilon, delta, dialect="postgres",
                                                  bias=self._setting("dpsql.bias") == "on")
         except Error as exc:
             if tree is None and isinstance(exc, errors.QueryRejected):
@@ -196,7 +196,7 @@ class Answering:
             lines = ["catalog query: answered from the policy, charges nothing"]
         else:
             epsilon, delta = self._amounts(sql)
-            explanation = self.server.service.explain(self.user, sql, epsilon, delta)
+            explanation = self.server.service.explain(self.user, sql, epsilon, delta, dialect="postgres")
             log.info("explain analyst=%r %s (nothing charged) [pg]", self.user, _describe(sql, epsilon, delta))
             lines = repr(explanation).splitlines() + ["bounded SQL:"] + [
                 "  " + line for line in str(explanation.bounded_sql).splitlines()]

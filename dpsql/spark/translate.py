@@ -308,6 +308,19 @@ def spark_types(node: exp.Expression) -> exp.Expression:
     return node
 
 
+def distinct_values(node: exp.Expression) -> exp.Expression:
+    """COUNT(DISTINCT x)'s kept values (issue 14; :mod:`dpsql.rewrite`): DuckDB's
+    ``list_slice(l, 1, m)`` -> ``slice(l, 1, m)``; the length of a list of distinct values
+    -> ``size`` (Spark's ``length`` is for strings). sqlglot writes the rest (``list`` ->
+    ``collect_list``, ``list_distinct``/``list_sort`` -> ``array_distinct``/``array_sort``,
+    ``flatten``, ``list_transform`` -> ``transform``, the struct) in Spark's words."""
+    if _is_fn(node, "list_slice"):
+        return _fn("slice", *node.expressions)
+    if isinstance(node, exp.Length) and isinstance(node.this, exp.ArrayDistinct):
+        return _fn("size", node.this)
+    return node
+
+
 #: The passes, in order. Each takes a node and returns it or its replacement.
 def safe_casts(node: exp.Expression) -> exp.Expression:
     """Every TRY_CAST is written as Spark's TRY_CAST: sqlglot writes a TryCast node without
@@ -334,6 +347,7 @@ RULES: tuple[Callable[[exp.Expression], exp.Expression], ...] = (
     like_escape,
     spark_types,
     safe_casts,
+    distinct_values,
 )
 
 
@@ -367,7 +381,7 @@ def to_spark(tree: exp.Expression) -> exp.Expression:
 ALLOWED_FUNCTIONS = frozenset({
     "xxhash64", "least", "greatest", "min_by", "size", "try_element_at", "pmod", "isnan",
     "dense_rank", "row_number", "date_trunc", "abs", "lower", "upper", "length", "floor", "ceil",
-    "round", "coalesce", "count", "sum", "min", "max", "concat", "date_part",
+    "round", "coalesce", "count", "sum", "min", "max", "concat", "date_part", "slice",
 })
 
 _ALLOWED_NODES = (
@@ -375,6 +389,8 @@ _ALLOWED_NODES = (
     exp.Variance, exp.VariancePop, exp.Coalesce, exp.Round, exp.Abs, exp.Lower,
     exp.Upper, exp.Length, exp.Floor, exp.Ceil, exp.IsNan, exp.RowNumber, exp.DenseRank, exp.TimestampTrunc,
     exp.DateTrunc, exp.Greatest, exp.Least, exp.Cast, exp.TryCast, exp.Case, exp.If, exp.DPipe,
+    # COUNT(DISTINCT x) of a non-unit column and IN / EXISTS over the unit's rows (issue 14)
+    exp.ArrayAgg, exp.ArrayDistinct, exp.ArraySort, exp.Flatten, exp.Transform, exp.Struct, exp.Exists,
 )
 
 
