@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,19 +266,22 @@ def test_unknown_mechanisms_fall_back_to_the_charges_own_amounts() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Speed: 1000 charges
+# 1000 charges on one ledger (their speed is measured in benchmarks/bench_accounting.py,
+# not asserted here: a timed unit test fails on a loaded machine and proves nothing)
 # ---------------------------------------------------------------------------------------
 
 
-def test_a_thousand_mixed_charges_take_well_under_30_seconds() -> None:
+def test_a_thousand_mixed_charges_compose_below_basic_composition() -> None:
     shapes = [query_charge(0.1, 1e-8), query_charge(0.01, 0.0), query_charge(0.2, 1e-8, 3)]
-    start = time.perf_counter()
     with Ledger(accountant="pld") as ledger:
         for i in range(1000):
             status = ledger.charge("alice", Budget(1000.0, 1e-3), shapes[i % 3])
-    elapsed = time.perf_counter() - start
+    basic = sum(shapes[i % 3].epsilon for i in range(1000))
     assert status.queries == 1000
-    assert elapsed < 30, f"1000 charges took {elapsed:.1f} s"
+    # PLD composition of 1000 mostly-Gaussian charges is far below their epsilon sum
+    # (basic composition: about 103.6), and above the largest single charge.
+    assert 0.2 < status.epsilon_spent < basic / 2, (status.epsilon_spent, basic)
+    assert status.delta_spent <= 1e-3
 
 
 # ---------------------------------------------------------------------------------------
