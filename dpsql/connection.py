@@ -4,7 +4,7 @@
 
     plan  = analyze(sql, policy, schema, epsilon, delta)      # every refusal, no data read
     ledger.charge(analyst, budget, charge)                    # before any private table is read
-    exact = engine.run(bounded_query(plan, engine))           # bounded, clipped, exact sums
+    exact = engine.run(bounded_query(plan).query)             # bounded, clipped, exact sums
     noisy = noisy_table(plan, exact)                          # discrete noise, aggregates
     table = postprocessor.run(plan, noisy)                    # select list, HAVING, ORDER BY
 
@@ -62,7 +62,7 @@ from dpsql.normalize import without_options as _without_options
 from dpsql.public import engine_query, public_only, public_result
 from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
 from dpsql.datasources import open_engine
-from dpsql.engine import DuckDBEngine, Engine
+from dpsql.engine import Engine, bind
 from dpsql.errors import Error, QueryFailed, QueryRejected
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.local.query import answer as answer_local
@@ -76,7 +76,7 @@ from dpsql.release import noisy_schema, noisy_table
 from dpsql.release.bias import BIAS_SHARE, bias_mechanism, estimate_dropped
 from dpsql.release.clamp import clamp_result
 from dpsql.result import Accuracy, Result
-from dpsql.rewrite import bounded_query, salt_parameters, value_query
+from dpsql.rewrite import Bounded, bounded_query, value_query
 from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
 from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
 from dpsql.report import charge_of, described, fresh_result, privacy_report, repeat_result, uses_udf, with_values
@@ -148,7 +148,7 @@ class Connection:
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
         self._plans: dict[tuple[str, float | None, float | None, str | None], QueryPlan] = {}
-        self._sql_texts: dict[int, tuple[QueryPlan, str]] = {}
+        self._sql_texts: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded]] = {}
         self._answers: RepeatCache | None = None
         self._timing = timing
         if repeats and hasattr(engine, "data_version"):
@@ -191,10 +191,10 @@ class Connection:
 
     def _analyze(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
                  dialect: str | None = None) -> QueryPlan:
-        plan = analyze(
+        plan = bind(analyze(
             sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
             public_values=self._public_values, udfs=self._udfs, dialect=dialect, public_rows=self._public_rows,
-        )
+        ), self._engine)
         self._post.check(plan, noisy_schema(plan))
         for release in plan.value_releases:  # refusals the release would make: before the charge
             check_strategy(release.target, plan.delta)  # type: ignore[arg-type]
@@ -258,7 +258,7 @@ class Connection:
         0
         """
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        bounded = bounded_query(plan, self._engine, salt=0).sql(dialect=self._engine.dialect, pretty=True)
+        bounded = self._engine.sql(bounded_query(plan, salt=0).query, pretty=True)
         budget = self._policy.budget_for(self._analyst)
         composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(
@@ -302,11 +302,11 @@ class Connection:
     def _replan(self, sql: str, epsilon: float, delta: float, dialect: str | None = None) -> QueryPlan:
         """Plan an already-checked query at another epsilon (pure: no data, no charge)."""
         self._check_open()
-        return analyze(
+        return bind(analyze(
             _without_options(sql), self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
             public_values=self._public_values, udfs=self._udfs, dialect=dialect or self._dialect,
             public_rows=self._public_rows,
-        )
+        ), self._engine)
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
                 clamp_counts: bool = False,
@@ -428,8 +428,8 @@ class Connection:
         read is then discarded.
         """
         try:
-            text = self._bounded_sql(plan)
-            exact = self._engine.run(text, salt_parameters(text))
+            prepared, bounded = self._bounded(plan)
+            exact = self._engine.run(prepared, bounded.salts())
             if late is None or not late.is_set():
                 return self._noisy(plan, exact)
         except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
@@ -437,18 +437,20 @@ class Connection:
                         type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
         raise QueryFailed()
 
-    def _bounded_sql(self, plan: QueryPlan) -> str:
-        """The bounded query's text, its salts left as parameters: generated once per plan
-        (a plan is immutable; generating SQL is most of a small query's fixed cost)."""
-        text = self._sql_texts.get(id(plan))
-        if text is None or text[0] is not plan:
-            text = (plan, bounded_query(plan, self._engine).sql(dialect=self._engine.dialect))
-            self._sql_texts[id(plan)] = text
-        return text[1]
+    def _bounded(self, plan: QueryPlan) -> tuple[exp.Expression | str, Bounded]:
+        """The bounded query as the engine runs it, its salts left as parameters: prepared
+        once per plan (a plan is immutable; generating SQL is most of a small query's fixed
+        cost), with the parameter names rewrite reported."""
+        held = self._sql_texts.get(id(plan))
+        if held is None or held[0] is not plan:
+            bounded = bounded_query(plan)
+            held = (plan, self._engine.prepare(bounded.query), bounded)
+            self._sql_texts[id(plan)] = held
+        return held[1], held[2]
 
     def _noisy(self, plan: QueryPlan, exact: pa.Table) -> tuple[pa.Table, dict[str, list[object]]]:
         """Noisy aggregates, fetching first the values order statistics and UDFs read."""
-        values = {r.name: self._engine.run(value_query(plan, r, self._engine)) for r in plan.value_releases}
+        values = {r.name: self._engine.run(value_query(plan, r)) for r in plan.value_releases}
         report: dict[str, list[object]] = {}
         return noisy_table(plan, exact, self._source, values=values, report=report), report
 

@@ -25,19 +25,18 @@ Measured alternatives are in ``benchmarks/README.md``.
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import sqlglot.expressions as exp
 
 from dpsql.analyze.calibrate import clip_range, midpoint, square_offset
-from dpsql.engine import Engine
-from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.analyze.predicates import member
+from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.sqltypes import parse_type
 
-__all__ = ["bounded_query", "new_salt", "salt_parameters", "value_query"]
+__all__ = ["Bounded", "bounded_query", "new_salt", "value_query"]
 
 _LIMIT = 2**62
 
@@ -75,54 +74,68 @@ def _keyed_hash(salt: int | str, *args: exp.Expression) -> exp.Expression:
     return _func("hash", salted)
 
 
-def salt_parameters(sql: str) -> dict[str, int]:
-    """Fresh secret salts for the parameters a bounded query's text uses."""
-    return {name: new_salt() for name in ("salt", "salt2") if re.search(rf"\${name}\b", sql)}
+@dataclass(frozen=True)
+class Bounded:
+    """A bounded query: its tree, and the names of the query parameters it takes (the
+    secret salts, bound fresh on every run: :meth:`salts`), so that one tree, or the SQL
+    text an engine prepares from it once, serves every run of the plan."""
+
+    query: exp.Select
+    parameters: tuple[str, ...] = ()
+
+    def salts(self) -> dict[str, int]:
+        """A fresh secret salt for each parameter."""
+        return {name: new_salt() for name in self.parameters}
 
 
-def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> exp.Select:
-    """The SQL whose result is one row per group with every measurement's exact bounded sum.
+def bounded_query(plan: QueryPlan, salt: int | None = None) -> Bounded:
+    """The query whose result is one row per group with every measurement's exact bounded
+    sum. ``plan`` must be bound to the engine (:func:`dpsql.engine.bind`).
 
-    With ``salt=None`` the keyed hash takes the query parameter ``$salt2``: bind a fresh
-    secret salt per run (:func:`salt_parameters`), so the SQL text can be reused."""
-    rows = _rows(plan, engine)
+    With ``salt=None`` the keyed hash takes the query parameter ``$salt2`` (listed in the
+    result's ``parameters``): bind a fresh secret salt per run, so the tree can be reused."""
+    rows = _rows(plan)
     if plan.unit_column is None and not plan.unit_is_row:
-        return _final(plan, rows, per_row=True)
-    pairs = _pairs(plan, rows)
-    if plan.sample_groups:
-        pairs = _kept(plan, pairs, salt)
-    return _final(plan, pairs, per_row=False)
+        query = _final(plan, rows, per_row=True)
+    else:
+        pairs = _pairs(plan, rows)
+        if plan.sample_groups:
+            pairs = _kept(plan, pairs, salt)
+        query = _final(plan, pairs, per_row=False)
+    # The parameters are read off the tree just built (not the text): whatever shape the
+    # steps above take, every placeholder they wrote is listed once.
+    names = tuple(dict.fromkeys(p.name for p in query.find_all(exp.Placeholder)))
+    return Bounded(query, names)
 
 
-def _rows(
-    plan: QueryPlan, engine: Engine, projections: list[exp.Expression] | None = None, filter_keys: bool = False
-) -> exp.Select:
-    projections = _row_projections(plan, engine) if projections is None else projections
-    query = exp.select(*projections).from_(_aliased(engine, plan.sources[0]))
+def _rows(plan: QueryPlan, projections: list[exp.Expression] | None = None, filter_keys: bool = False) -> exp.Select:
+    projections = _row_projections(plan) if projections is None else projections
+    query = exp.select(*projections).from_(_aliased(plan, plan.sources[0]))
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
-        query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
+        on = source.on.copy() if source.on is not None else None
+        query = query.join(_aliased(plan, source), on=on, join_type=side, copy=False)
     conditions = [plan.where.copy()] if plan.where is not None else []
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
         for key in plan.group_keys:
             for column, values in key.filters:
-                dtype = _types(plan, engine, column.table)[column.name.casefold()]
+                dtype = _types(plan, column.table)[column.name.casefold()]
                 conditions.append(member(column, dtype, values))
     if conditions:
         query = query.where(exp.and_(*conditions), copy=False)
     return query
 
 
-def _unit(plan: QueryPlan, engine: Engine) -> exp.Expression:
+def _unit(plan: QueryPlan) -> exp.Expression:
     primary = plan.sources[0]
     if plan.unit_column is not None:
         return _col(plan.unit_column, primary.alias)
-    return _row_id(engine, primary)
+    return _row_id(primary)
 
 
-def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: int | None = None) -> exp.Select:
+def value_query(plan: QueryPlan, release: ValueRelease, salt: int | None = None) -> exp.Select:
     """The values an order statistic or UDF reads: one row per kept value, with the group
     keys and an opaque unit id (``hash(unit)``, for sample-and-aggregate's blocks).
 
@@ -132,9 +145,9 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     not weighed).
     """
     salt = new_salt() if salt is None else salt
-    unit = _unit(plan, engine)
+    unit = _unit(plan)
     column = _col(release.column, release.source)
-    row_ids = [_row_id(engine, source) for source in plan.sources]
+    row_ids = [_row_id(source) for source in plan.sources]
     keys = [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
     projections = [
         exp.alias_(unit.copy(), "__u", quoted=True),
@@ -142,7 +155,7 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
         *keys,
         exp.alias_(exp.cast(column.copy(), exp.DataType.build("DOUBLE")), "__v", quoted=True),
     ]
-    rows = _rows(plan, engine, projections, filter_keys=True)
+    rows = _rows(plan, projections, filter_keys=True)
     rows = rows.where(exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null())), copy=False)
     key_cols = [_col(k.name) for k in plan.group_keys]
     per_group = exp.Window(
@@ -164,47 +177,44 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     return query
 
 
-def _aliased(engine: Engine, source: Source) -> exp.Expression:
+def _aliased(plan: QueryPlan, source: Source) -> exp.Expression:
     if source.query is not None:  # a derived table: its query, over the engine's tables
         query = source.query.copy()
         for table in list(query.find_all(exp.Table)):
-            real = engine.table(table.name)
+            real = plan.table_ref(table.name)
             real.set("alias", table.args.get("alias"))
             table.replace(real)
         return query.subquery(exp.to_identifier(source.alias, quoted=True))
-    table = engine.table(source.table)
+    table = plan.table_ref(source.table)
     table.set("alias", exp.TableAlias(this=exp.to_identifier(source.alias, quoted=True)))
     return table
 
 
-def _row_projections(plan: QueryPlan, engine: Engine) -> list[exp.Expression]:
+def _row_projections(plan: QueryPlan) -> list[exp.Expression]:
     projections: list[exp.Expression] = []
     if plan.unit_column is not None or plan.unit_is_row:
-        projections.append(exp.alias_(_unit(plan, engine), "__u", quoted=True))
+        projections.append(exp.alias_(_unit(plan), "__u", quoted=True))
     for key in plan.group_keys:
         projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
     for m in plan.measurements:
-        value = _row_value(m, {} if m.expression is not None else _types(plan, engine, m.source))
+        value = _row_value(m, {} if m.expression is not None else _types(plan, m.source))
         if value is not None:
             projections.append(exp.alias_(value, f"{m.name}_v", quoted=True))
     # COUNT(*) over a row-level table needs no column at all, but SQL needs a select list
     return projections or [exp.alias_(_int(1), "__one", quoted=True)]
 
 
-def _types(plan: QueryPlan, engine: Engine, alias: str) -> Mapping[str, str]:
-    """The column types of the source read as ``alias`` (a derived table carries its own)."""
-    source = next(s for s in plan.sources if s.alias == alias)
-    if source.query is not None:
-        return dict(source.types)
-    return engine.schema()[source.table.casefold()]
+def _types(plan: QueryPlan, alias: str) -> Mapping[str, str]:
+    """The column types of the source read as ``alias``, as the plan carries them."""
+    return dict(plan.source(alias).types)
 
 
-def _row_id(engine: Engine, source: Source) -> exp.Expression:
-    """A source's row id; a derived table's rows are unique (one per unit and inner key),
-    so the hash of the whole row tells them apart."""
-    if source.query is not None:
-        return exp.Anonymous(this="hash", expressions=[exp.column(source.alias, quoted=True)])
-    return engine.row_id(source.alias, source.table)
+def _row_id(source: Source) -> exp.Expression:
+    """A source's row id, as binding the plan wrote it (a derived table's rows are unique,
+    one per unit and inner key, so the hash of the whole row tells them apart)."""
+    if source.row_id is None:
+        raise KeyError(f"source {source.alias!r} has no row id; bind the plan to an engine first (dpsql.engine.bind)")
+    return source.row_id.copy()
 
 
 def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | None:

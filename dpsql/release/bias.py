@@ -87,9 +87,9 @@ def dropped_rows_query(plan: QueryPlan, engine: Engine) -> exp.Expression:
     """SQL for ``sum_u floor(2**FRACTION_BITS * min(d_u, C))`` over the query's selected rows."""
     from dpsql.rewrite import _rows, _unit  # noqa: PLC0415 - the query's own FROM, joins and WHERE
 
-    projections = [exp.alias_(_unit(plan, engine), "__u", quoted=True)]
+    projections = [exp.alias_(_unit(plan), "__u", quoted=True)]
     projections += [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
-    rows = _rows(plan, engine, projections=projections, filter_keys=True).sql(dialect=engine.dialect)
+    rows = _rows(plan, projections=projections, filter_keys=True).sql(dialect=engine.dialect)
     keys = ", ".join(exp.to_identifier(k.name, quoted=True).sql(dialect=engine.dialect) for k in plan.group_keys)
     r, l0, c, scale = plan.max_rows_per_unit, plan.max_groups_per_unit, clip_per_unit(plan), 1 << FRACTION_BITS
     return exp.maybe_parse(f"""

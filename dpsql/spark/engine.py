@@ -22,9 +22,11 @@ partitioning), so :meth:`SparkEngine.row_id` is the keyed-hash input ``xxhash64`
 whole row, as DuckDB's engine does for views: identical rows share an id, which only
 merges units, so every bound still holds.
 
-Dialect. The pipeline writes bounded SQL in :attr:`SparkEngine.dialect` (DuckDB's, for now:
-``rewrite`` builds DuckDB functions into its tree) and :meth:`SparkEngine.run` translates
-it. When ``rewrite`` hands engines the tree itself (issue 13), ``run`` takes it directly.
+Dialect. ``rewrite`` builds the bounded query as a tree with DuckDB's functions
+(:attr:`SparkEngine.dialect`); the pipeline hands :meth:`SparkEngine.run` that tree
+(:meth:`SparkEngine.prepare`), which translates it without parsing any text, and
+``explain`` shows the Spark SQL it sends (:meth:`SparkEngine.sql`). SQL text in DuckDB's
+dialect is still accepted (parsed first).
 """
 
 from __future__ import annotations
@@ -207,17 +209,28 @@ class SparkEngine:
         values = self.run(query).column(0).to_pylist()
         return None if len(values) > limit else tuple(values)
 
-    def spark_sql(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> str:
+    def spark_sql(self, query: exp.Expression | str, params: Mapping[str, object] | None = None,
+                  *, pretty: bool = False) -> str:
         """The Spark SQL :meth:`run` would send (for ``explain`` and tests)."""
         tree = parse_bounded(query) if isinstance(query, str) else query
         translated = to_spark(tree)
-        check_reachable(translated, self._allowed, params or {})
-        return translated.sql(dialect="spark")
+        if params is None:  # explain: the parameters are bound at run time
+            params = {p.name: 0 for p in translated.find_all(exp.Placeholder)}
+        check_reachable(translated, self._allowed, params)
+        return translated.sql(dialect="spark", pretty=pretty)
+
+    def prepare(self, query: exp.Expression) -> exp.Expression:
+        """The tree itself: :meth:`run` translates it, no SQL text is parsed again."""
+        return query
+
+    def sql(self, query: exp.Expression, *, pretty: bool = False) -> str:
+        """The Spark SQL of a bounded query's tree (what ``explain`` shows)."""
+        return self.spark_sql(query, None, pretty=pretty)
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run a bounded query (a tree, or its text in :attr:`dialect`) with its salts bound
         as named parameters, and return its rows as Arrow."""
-        sql = self.spark_sql(query, params)
+        sql = self.spark_sql(query, params or {})
         args: dict[str, Any] = {k: int(v) if isinstance(v, int) else v for k, v in (params or {}).items()}
         with self._lock:
             context = self._session.sparkContext

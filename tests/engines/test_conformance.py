@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from engine_support import ENGINES, connection, sorted_rows
-from dpsql.rewrite import bounded_query, salt_parameters, value_query
+from dpsql.rewrite import bounded_query, value_query
 
 HERE = Path(__file__).parent
 FIXTURES = HERE.parent / "fixtures" / "rewrite.sql"
@@ -58,11 +58,11 @@ GOLDEN_CASES = _golden_cases()
 
 def exact(engine: Any, policy: str, sql: str, epsilon: float = 1.0, delta: float = 0.0) -> list[tuple[Any, ...]]:
     """The exact bounded aggregates ``engine`` returns for ``sql``, as the pipeline runs them
-    (DuckDB-dialect text, salts bound as parameters)."""
+    (what the engine prepares from the tree, salts bound as parameters)."""
     conn = connection(engine, policy)
     plan = conn.plan(sql, epsilon=epsilon, delta=delta)
-    text = bounded_query(plan, engine).sql(dialect=engine.dialect)
-    return sorted_rows(engine.run(text, salt_parameters(text)))
+    bounded = bounded_query(plan)
+    return sorted_rows(engine.run(engine.prepare(bounded.query), bounded.salts()))
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,7 @@ def test_order_statistic_values_are_the_same_multiset(engine_name: str, build_en
     conn = connection(engine, policy)
     plan = conn.plan("SELECT k, MEDIAN(x) FROM t GROUP BY k", epsilon=1.0, delta=1e-6)
     (release,) = plan.value_releases
-    values = engine.run(value_query(plan, release, engine, salt=7).sql(dialect=engine.dialect))
+    values = engine.run(value_query(plan, release, salt=7))
     got = sorted((r[plan.group_keys[0].name], r["__v"]) for r in values.to_pylist())
     assert got == sorted((k, x) for _, k, x in rows)
 
