@@ -56,6 +56,7 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.privacy import BudgetStatus, Charge, Ledger
+from dpsql.privacy.events import event_from_description
 from dpsql.analyze import analyze, resolve_budget
 from dpsql.normalize import check_dialect, query_budget
 from dpsql.normalize import without_options as _without_options
@@ -360,7 +361,7 @@ class Connection:
 
         base = charge_of(plan, sql)
         share = plan.epsilon * BIAS_SHARE / (1 - BIAS_SHARE)
-        charge = Charge(base.epsilon + share, base.delta, sql, (*base.mechanisms, bias_mechanism(plan, share)))
+        charge = Charge(base.epsilon + share, base.delta, sql, (*base.events, event_from_description(bias_mechanism(plan, share))))
         result, _, _ = self._charge_and_answer(plan, sql, charge)
         try:
             estimate = estimate_dropped(plan, self._engine, share, self._source)

@@ -15,6 +15,7 @@ import sqlglot.expressions as exp
 from dpsql.errors import Error
 from dpsql.plan import QueryPlan, ValueRelease
 from dpsql.privacy import Charge
+from dpsql.privacy.events import events_of
 from dpsql.release.udf.registry import UDF, choose_strategy
 from dpsql.repeats import REPEAT_NOTE, CachedAnswer
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
@@ -23,7 +24,9 @@ __all__ = ["charge_of", "described", "fresh_result", "privacy_report", "repeat_r
 
 
 def charge_of(plan: QueryPlan, sql: str) -> Charge:
-    return Charge(plan.epsilon, plan.delta, sql, described(plan))
+    """What the plan costs: its (epsilon, delta) and the typed privacy event of each
+    measurement (:func:`dpsql.privacy.events.events_of`)."""
+    return Charge(plan.epsilon, plan.delta, sql, events_of(plan))
 
 
 def fresh_result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
