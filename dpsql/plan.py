@@ -273,6 +273,16 @@ class ValueRelease:
     #: the share of a release's epsilon spent on its noisy unit count
     COUNT_SHARE = 0.05
 
+    @property
+    def count_epsilon(self) -> float:
+        """The epsilon of the noisy unit count that picks the mechanism, per group."""
+        return self.epsilon * self.COUNT_SHARE
+
+    @property
+    def answer_epsilon(self) -> float:
+        """The epsilon left for the answer itself, per group."""
+        return self.epsilon - self.count_epsilon
+
     def describe(self) -> dict[str, object]:
         return {
             "measurement": "value_release",

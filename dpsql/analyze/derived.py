@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import sqlglot.expressions as exp
 
@@ -39,8 +38,7 @@ from dpsql.errors import PolicyViolation
 from dpsql.intervals import bounds
 from dpsql.policy import ColumnPolicy, TablePolicy
 
-if TYPE_CHECKING:
-    from dpsql.analyze.scope import Entry, Scope
+from dpsql.analyze.scope import Entry, Scope, _aggregates, _table_entry, resolve
 
 __all__ = ["aggregates", "per_unit_entry"]
 
@@ -49,14 +47,13 @@ _AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
 def aggregates(body: exp.Select) -> bool:
     """Whether a subquery aggregates (GROUP BY or an aggregate in its select list)."""
-    return body.args.get("group") is not None or any(p.find(exp.AggFunc) for p in body.expressions)
+    return _aggregates(body)
 
 
 def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
                    schema: Mapping[str, Mapping[str, str]], node: exp.Expression) -> Entry:
     """The derived table of a per-unit aggregating subquery (module docstring), or a
     refusal saying what to write instead."""
-    from dpsql.analyze.scope import Entry, Scope, _table_entry, resolve
 
     sql = scope.sql
     extra = [k for k, v in body.args.items()
@@ -132,7 +129,6 @@ def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
 
 def _aggregate(sql: str, node: exp.Expression, local: Scope, m: int) -> tuple[exp.Expression, tuple[float, float], str]:
     """(SQL over canonical columns, bounds, engine type) of one inner aggregate."""
-    from dpsql.analyze.scope import resolve
 
     arg = node.this
     if isinstance(node, exp.Count) and (arg is None or isinstance(arg, exp.Star)):

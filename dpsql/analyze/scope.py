@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
@@ -72,6 +72,11 @@ class Entry:
     link: tuple[str, str, str] | None = None  # a linked table's privacy_link (column, table, column)
 
 
+#: Builds a per-unit aggregating subquery's entry: (scope, body, name, canonical alias,
+#: schema, node) -> entry.
+DerivedEntry = Callable[["Scope", exp.Select, str, str, Mapping[str, Mapping[str, str]], exp.Expression], "Entry"]
+
+
 @dataclass
 class Scope:
     """The tables a query reads, under canonical aliases."""
@@ -81,6 +86,9 @@ class Scope:
     entries: dict[str, Entry] = field(default_factory=dict)
     sources: list[Source] = field(default_factory=list)
     conditions: list[exp.Expression] = field(default_factory=list)  # from inlined subqueries
+    #: builds the entry of a per-unit aggregating subquery (:func:`dpsql.analyze.derived.per_unit_entry`,
+    #: handed in by the analyzer: that module builds on this one); ``None``: such subqueries are refused
+    derived: DerivedEntry | None = None
 
     @property
     def primary(self) -> Entry:
@@ -182,11 +190,13 @@ Pending = list[tuple[exp.Expression, Scope]]
 
 
 def build_scope(
-    sql: str, select: exp.Select, policy: Policy, schema: Mapping[str, Mapping[str, str]]
+    sql: str, select: exp.Select, policy: Policy, schema: Mapping[str, Mapping[str, str]],
+    derived: DerivedEntry | None = None,
 ) -> tuple[Scope, Pending]:
     """The scope of ``select``, and the inlined subqueries' WHERE conditions still to check
-    (each with the one-table scope its columns resolve in)."""
-    scope = Scope(sql=sql, policy=policy)
+    (each with the one-table scope its columns resolve in). ``derived`` builds the entries of
+    per-unit aggregating subqueries (see :attr:`Scope.derived`)."""
+    scope = Scope(sql=sql, policy=policy, derived=derived)
     ctes = _ctes(sql, select)
     pending: Pending = []
     from_ = select.args.get("from_") or select.args.get("from")
@@ -330,6 +340,11 @@ class _Key:
     ref: exp.Column
 
 
+def _aggregates(body: exp.Select) -> bool:
+    """Whether a subquery aggregates (GROUP BY or an aggregate in its select list)."""
+    return body.args.get("group") is not None or any(p.find(exp.AggFunc) for p in body.expressions)
+
+
 def _inline(
     scope: Scope,
     body: exp.Expression,
@@ -342,10 +357,10 @@ def _inline(
     sql = scope.sql
     if not isinstance(body, exp.Select):
         raise reject("a CTE or subquery in FROM must be one SELECT.", sql, node)
-    from dpsql.analyze import derived  # late: it builds entries of this module
-
-    if derived.aggregates(body):
-        return derived.per_unit_entry(scope, body, name, canonical, schema, node), None
+    if _aggregates(body):
+        if scope.derived is None:
+            raise reject("a CTE or subquery in FROM may not aggregate here.", sql, body)
+        return scope.derived(scope, body, name, canonical, schema, node), None
     extra = [k for k, v in body.args.items() if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where")]
     inner_from = body.args.get("from_") or body.args.get("from")
     if extra or inner_from is None or not isinstance(inner_from.this, exp.Table):

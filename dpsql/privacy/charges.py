@@ -93,7 +93,8 @@ class Charge:
         if not all(isinstance(m, dict | DpEvent) for m in given):
             raise InternalError(f"Charge mechanisms must be dicts or privacy events, got {given!r}. "
                                 "This is probably a bug in dpsql.")
-        events = tuple(m if isinstance(m, DpEvent) else event_from_description(m) for m in given)
+        events = tuple(m if isinstance(m, DpEvent) else event_from_description(m)  # type: ignore[arg-type]
+                       for m in given)
         object.__setattr__(self, "events", events)
         object.__setattr__(self, "mechanisms", tuple(e.describe() for e in events))
         _events_json(events)

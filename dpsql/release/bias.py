@@ -35,7 +35,7 @@ from dpsql.engine import Engine
 from dpsql.noise import RandomSource, laplace_noise
 from dpsql.plan import QueryPlan
 
-__all__ = ["BIAS_SHARE", "BiasEstimate", "bias_mechanism", "clip_per_unit", "dropped_rows_query", "estimate_dropped"]
+__all__ = ["BIAS_SHARE", "BiasEstimate", "bias_mechanism", "bias_split", "clip_per_unit", "dropped_rows_query", "estimate_dropped"]
 
 #: The share of a query's epsilon the estimate takes.
 BIAS_SHARE = 0.1
@@ -70,6 +70,20 @@ class BiasEstimate:
 def clip_per_unit(plan: QueryPlan) -> int:
     """C: how many dropped rows of one unit are counted."""
     return CLIP_FACTOR * plan.max_rows_per_unit * plan.max_groups_per_unit
+
+
+def bias_split(epsilon: float) -> tuple[float, float]:
+    """The query's epsilon and the estimate's, from the epsilon asked: ``1 - BIAS_SHARE`` of
+    it plans the query (the analyzer checks it), the rest goes to the estimate. A value
+    that is not a number is passed on for the analyzer to refuse.
+
+    >>> bias_split(1.0)
+    (0.9, 0.1)
+    """
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
+        return epsilon, 0.0
+    query = epsilon * (1 - BIAS_SHARE)
+    return query, query * BIAS_SHARE / (1 - BIAS_SHARE)
 
 
 def bias_mechanism(plan: QueryPlan, epsilon: float) -> dict[str, object]:

@@ -254,3 +254,16 @@ def test_l0_cap_keeps_exactly_g_random_groups(engine_name: str, build_engine) ->
     per_row = round(2.5 * 2**m_sum.frac_bits)
     for g, n, total in result:
         assert total == (n * per_row >> m_sum.shift if m_sum.shift > 0 else n * per_row)
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_explain_shows_the_sql_the_engine_runs(engine_name: str, build_engine) -> None:
+    """``explain`` shows the bounded query in the engine's own SQL (issue 13): Spark SQL on
+    Spark, with its keyed hash ``xxhash64``; DuckDB's ``hash`` on DuckDB."""
+    rows = [(u, g, 1.0) for u in range(10) for g in "abc"]
+    engine = build_engine(engine_name, {"t": ("u BIGINT, g VARCHAR, x DOUBLE", rows)})
+    conn = connection(engine, L0_POLICY)
+    sql = "SELECT g, COUNT(*) AS n FROM t GROUP BY g"
+    shown = conn.explain(sql).bounded_sql
+    assert shown == engine.sql(bounded_query(conn.plan(sql), salt=0).query, pretty=True)
+    assert ("xxhash64" in shown.lower()) == (engine_name == "spark")
