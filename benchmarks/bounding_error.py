@@ -5,7 +5,10 @@ have hundreds), for ``max_rows_per_unit`` R from 1 to 1,000: the exact bias of a
 ``COUNT(*)`` and ``SUM(income)`` (from :mod:`dpsql.bounding`, the owner's report), the 95%
 half-width of the noise at epsilon 1 and 0.1 (Laplace, each query alone), and the expected
 total error ``sqrt(bias^2 + noise variance)``, all relative to the truth. Marks the demo
-policy's cap (10) and the cap ``dpsql policy suggest`` proposes (99% of rows and sums).
+policy's cap (10) and the cap ``dpsql policy suggest --db DB visits --policy
+policies/demo.toml`` proposes (99% of the rows and of each of the policy's bounded columns'
+sums: age, income, visits): R = 372, set by the sum of ``visits``. It prints too the
+smallest cap that keeps 99% of the rows alone (266).
 
     python benchmarks/bounding_error.py            # writes benchmarks/bounding_error.png
 
@@ -25,8 +28,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dpsql.bounding import suggest, table_report  # noqa: E402
+from dpsql.bounding import _policy_inputs, suggest, table_report  # noqa: E402
 from dpsql.demo import demo_database  # noqa: E402
+from dpsql.policy import load_policy  # noqa: E402
 
 HERE = Path(__file__).parent
 CAPS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 1000)
@@ -44,10 +48,17 @@ def main() -> None:
                      float(rep.ungrouped.rows), income.total))
         print(f"R={r:5d}  COUNT bias {100 * rows[-1][1]:+7.2f}%  noise(eps 1) ±{100 * rows[-1][3]:.3f}%   "
               f"SUM(income) bias {100 * rows[-1][2]:+7.2f}%  noise(eps 1) ±{100 * rows[-1][4]:.3f}%", flush=True)
-    s = suggest(db, "visits", unit="user_id", columns=["income"], epsilon=1.0)
-    print(f"suggest (99%): max_rows_per_unit = {s.max_rows}, income bounds {s.bounds['income']}; "
-          f"keeps {100 * s.report.ungrouped.row_share:.2f}% of rows, SUM(income) bias "
-          f"{100 * s.report.columns[0].sum_bias:+.2f}% (with the suggested bounds)")
+    # What the owner's command prints: the policy's bounded columns and groupings as inputs.
+    table = load_policy(HERE.parent / "policies" / "demo.toml").table("visits")
+    assert table is not None and table.privacy_unit is not None
+    bounds, groupings = _policy_inputs(table)
+    s = suggest(db, "visits", unit=table.privacy_unit, columns=list(bounds), groupings=groupings, epsilon=1.0)
+    rows_only = suggest(db, "visits", unit=table.privacy_unit, columns=[], epsilon=1.0)
+    print(f"dpsql policy suggest (99% of rows and of each bounded column's sum): max_rows_per_unit = "
+          f"{s.max_rows}, max_groups_per_unit = {s.max_groups}; keeps {100 * s.report.ungrouped.row_share:.2f}% "
+          f"of rows; bounds {s.bounds}")
+    print(f"99% of the rows alone: max_rows_per_unit = {rows_only.max_rows} "
+          f"(keeps {100 * rows_only.report.ungrouped.row_share:.2f}%)")
     draw(rows, s.max_rows, HERE / "bounding_error.png")
 
 
@@ -66,7 +77,7 @@ def draw(rows: list[tuple[int, float, float, float, float, float, float]], sugge
         ax.axvline(10, color="grey", ls=":", lw=1)
         ax.text(10, 60, " demo policy\n R = 10", color="grey", fontsize=8, va="top")
         ax.axvline(suggested, color="C2", ls=":", lw=1.5)
-        ax.text(suggested, 6, f" suggest (99%)\n R = {suggested}", color="C2", fontsize=8, va="top")
+        ax.text(suggested, 0.02, f"policy suggest (99%) \nR = {suggested} ", color="C2", fontsize=8, va="top", ha="right")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_ylim(1e-3, 100)

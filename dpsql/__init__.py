@@ -38,7 +38,7 @@ from dpsql.errors import (
 from dpsql.version import __version__
 
 if TYPE_CHECKING:
-    from dpsql import local
+    from dpsql import local as local  # dpsql.local, imported on first use (__getattr__)
     from dpsql.client import Client
     from dpsql.connection import Connection
     from dpsql.opener import connect

@@ -59,7 +59,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import TypeVar
 
 from dpsql.errors import AuthenticationError, Error, InternalError
@@ -138,7 +138,7 @@ def create_token(path: str | os.PathLike[str], analyst: str) -> str:
         token_id=token_id,
         salt=salt,
         digest=_scrypt(secret, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P),
-        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
     with _file_lock(path):
         records = read_auth_file(path) if os.path.exists(path) else {}
@@ -343,7 +343,7 @@ def _write_auth_file(path: str | os.PathLike[str], records: Mapping[str, TokenRe
     where = os.fspath(path)
     text = _render(records)
     if {n: r for n, r in tomllib.loads(text).get("analysts", {}).items()}.keys() != records.keys():
-        raise InternalError("the auth file did not round-trip through TOML; this is probably a bug in dpsql.")
+        raise InternalError("the auth file did not round-trip through TOML.")
     directory = os.path.dirname(os.path.abspath(where))
     fd, temporary = tempfile.mkstemp(prefix=".dpsql-auth-", suffix=".tmp", dir=directory)
     try:

@@ -41,12 +41,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import sqlglot.expressions as exp
 
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import PolicyError
+from dpsql.sqltypes import parse_type
 
 __all__ = [
     "DEFAULT_SHARE",
@@ -74,8 +76,6 @@ REFERENCE_EPSILON = 1.0
 #: The delta guard: a policy's per-query delta must be at most 1 / (DELTA_FACTOR n).
 DELTA_FACTOR = 10
 
-_NUMERIC = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
-            "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "REAL", "DECIMAL")
 
 
 # ---------------------------------------------------------------- records
@@ -228,13 +228,12 @@ class _Source:
         # A row-level table: each row is its own unit.
         self.unit = _ident(unit) if unit is not None else "rowid"
 
-    def rows(self, sql: str) -> list[tuple[object, ...]]:
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:  # SQL values, as Arrow gives them
         table = self.engine.run(sql)
         return list(zip(*(table.column(i).to_pylist() for i in range(table.num_columns)))) if table.num_rows else []
 
     def numeric(self, column: str) -> bool:
-        kind = self.types.get(column.casefold(), "").upper()
-        return kind.startswith(_NUMERIC)
+        return parse_type(self.types.get(column.casefold(), "")).family == "number"
 
 
 def _cap_figures(src: _Source, r: int, l0: int, grouping: str | None,
@@ -401,7 +400,7 @@ def _smallest_cap(counts: np.ndarray, weights: np.ndarray, share: float) -> int:
     for j in range(len(n)):
         if below[j] + n[j] * above[j] >= target:
             need = (target - below[j]) / above[j]
-            return max(1, math.ceil(need - 1e-9))
+            return max(1, math.ceil(float(need) - 1e-9))
     return max(1, int(n[-1]))
 
 
@@ -432,7 +431,10 @@ def _smallest_mass_cap(counts: np.ndarray, mass: np.ndarray, target: float) -> i
     mass is non-decreasing in R); the largest n_u if no R reaches it."""
     if not len(counts) or target <= 0:
         return 1
-    kept = lambda cap: float((mass * np.minimum(counts, cap) / counts).sum())  # noqa: E731
+
+    def kept(cap: int) -> float:
+        return float((mass * np.minimum(counts, cap) / counts).sum())
+
     lo, hi = 1, int(counts.max())
     while lo < hi:
         mid = (lo + hi) // 2
@@ -597,7 +599,7 @@ def delta_guard(policy: object, database: str | DuckDBEngine) -> list[DeltaProbl
 
 def _round_down(value: float) -> float:
     exponent = math.floor(math.log10(value))
-    return math.floor(value / 10**exponent) * 10**exponent
+    return math.floor(value / 10.0**exponent) * 10.0**exponent
 
 
 # ---------------------------------------------------------------- text

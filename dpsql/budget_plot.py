@@ -176,9 +176,9 @@ def _draw_over_time(axes: Any, spendings: Sequence[Spending], colours: Sequence[
         if last - first < 3600:  # a burst of queries: show the hour around it
             middle = datetime.datetime.fromtimestamp((first + last) / 2)
             axes.set_xlim(middle - datetime.timedelta(minutes=30), middle + datetime.timedelta(minutes=30))
-        locator = mdates.AutoDateLocator(minticks=3, maxticks=7)
+        locator = mdates.AutoDateLocator(minticks=3, maxticks=7)  # type: ignore[no-untyped-call]  # unannotated in matplotlib
         axes.xaxis.set_major_locator(locator)
-        axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]  # as above
         axes.legend(fontsize=8, loc="upper left")
     axes.set_ylabel("ε spent (composed)")
     axes.set_title("Spending over time (dotted: the budget)", fontsize=10)

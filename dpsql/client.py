@@ -64,6 +64,7 @@ class RemoteExplanation:
         columns: per output column, its mechanism, noise and expected accuracy (dicts).
         composition: how the ledger's accountant would compose the charge (a dict with
             ``accountant``, ``before``, ``after``, ``budget``), or ``None``.
+        bias: what ``execute(sql, bias=True)`` would add, as text lines.
     """
 
     epsilon: float
@@ -74,13 +75,15 @@ class RemoteExplanation:
     accuracy: Mapping[str, float] = field(default_factory=dict)
     columns: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     composition: Mapping[str, Any] | None = None
+    bias: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """The same text as the embedded :meth:`dpsql.explain.Explanation.describe`."""
         from dpsql.display import explanation_text  # noqa: PLC0415
 
-        return explanation_text(self.epsilon, self.delta, self.mechanism, self.columns, self.composition,
+        text = explanation_text(self.epsilon, self.delta, self.mechanism, self.columns, self.composition,
                                 self.mechanisms)
+        return "\n".join([text, *self.bias])
 
     def __repr__(self) -> str:
         return self.describe()
@@ -124,9 +127,11 @@ class Client:
         self._options = flight.FlightCallOptions(headers=headers, timeout=timeout)
         self._closed = False
 
-    def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None) -> Result:
-        """Answer ``sql`` with differential privacy on the server, charging (epsilon, delta)."""
-        ticket = flight.Ticket(request_body(sql, epsilon, delta))
+    def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
+                bias: bool = False) -> Result:
+        """Answer ``sql`` with differential privacy on the server, charging (epsilon, delta);
+        ``bias=True`` as for :meth:`dpsql.Connection.execute` (10% of epsilon buys ``res.bias``)."""
+        ticket = flight.Ticket(request_body(sql, epsilon, delta, bias))
         table = self._call(lambda: self._flight.do_get(ticket, self._options).read_all())
         return decode_result(table, sql)
 
@@ -134,7 +139,9 @@ class Client:
         """What ``sql`` would be charged, its mechanisms, bounded SQL and expected accuracy."""
         answer = self._action("explain", request_body(sql, epsilon, delta))
         known = {f.name for f in fields(RemoteExplanation)}
-        return RemoteExplanation(**{k: v for k, v in answer.items() if k in known})
+        given = {k: v for k, v in answer.items() if k in known}
+        given["bias"] = tuple(given.get("bias") or ())
+        return RemoteExplanation(**given)
 
     def budget(self) -> BudgetStatus:
         """What this analyst has spent and has left."""

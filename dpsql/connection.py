@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import replace
 from types import TracebackType
 
 
@@ -48,7 +47,6 @@ from dpsql.analyze import analyze
 from dpsql.normalize import Normalized, check_dialect, normalize
 from dpsql.normalize import without_options as _without_options
 from dpsql.privacy import BudgetStatus, Charge, Ledger
-from dpsql.privacy.events import event_from_description
 from dpsql.public import engine_query, public_only, public_result
 from dpsql.repeats import Released, RepeatCache, answer_once, plan_key, policy_fingerprint
 from dpsql.cursor import Cursor
@@ -63,7 +61,7 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema
-from dpsql.release.bias import bias_mechanism, bias_split, estimate_dropped
+from dpsql.release.bias import DEADLINE_FACTOR, attach, bias_mechanisms, bias_split, estimate_bias
 from dpsql.release.clamp import clamp_result
 from dpsql.result import Result
 from dpsql.read import Reader
@@ -73,7 +71,7 @@ from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
 from dpsql.report import charge_of, fresh_result, listed_keys_result, privacy_report, uses_udf, with_values
 
 
-__all__ = ["Connection", "Explanation", "connect"]
+__all__ = ["Connection", "Explanation"]
 
 log = logging.getLogger("dpsql")
 
@@ -303,8 +301,11 @@ class Connection:
         bound >= 0, as 0 (post-processing, free; the interval stays valid:
         :mod:`dpsql.release.clamp`).
         ``bias=True`` spends 10% of the query's epsilon (charged with it, before any data is
-        read) on a noisy count of the selected rows the caps dropped: ``res.bias`` and a note
-        in ``res.privacy`` (:mod:`dpsql.release.bias`); such a query is never a free repeat.
+        read) on noisy counts, per cell, of the selected rows the caps dropped and of the
+        values clipped into their bounds: ``res.bias`` (totals, and ``res.bias.cells``), a
+        note in ``res.privacy``, and a second table in ``res.format()`` (:mod:`dpsql.release.bias`).
+        Under deadlines the answer is held for ``DEADLINE_FACTOR`` (4) times the query's deadline. Such a query is never a
+        free repeat.
 
         Raises:
             QueryRejected, PolicyViolation: the query cannot be answered; nothing charged.
@@ -314,10 +315,6 @@ class Connection:
         if references_local_table(sql, self._policy):  # local DP: post-processing, no charge
             self._check_open()
             return answer_local(sql, self._policy, self._reports)
-        if bias and self._timing is not None:  # its second pass is not in the deadline model
-            raise QueryRejected("bias=True is not available on a connection with deadlines (deadline=...): "
-                                "its extra pass over the data is not in the deadline model. Open the "
-                                "connection without deadline to use it.")
         share = 0.0
         if bias:  # the estimate takes its share of the query's epsilon
             epsilon, share = bias_split(self._policy.default_epsilon if epsilon is None else epsilon)
@@ -326,31 +323,42 @@ class Connection:
             return public_result(plan, self._engine, sql)
         if not plan.measurements and plan.selection is None and not plan.value_releases:
             return listed_keys_result(plan, self._post, sql)  # keys the policy lists: free
-        if bias:
+        timing = self._timing
+        if bias and timing is None:
             result = self._execute_with_bias(plan, sql, share)
+        elif bias and timing is not None:  # a second pass over the same rows, grouped as the query's
+            result = timing.hold(lambda late: self._execute_with_bias(plan, sql, share, late),
+                                 DEADLINE_FACTOR * timing.deadline(plan))
         elif self._timing is None or self.is_repeat(plan, sql):
             result = self._answer(plan, sql)
         else:
             result = self._timing.hold(lambda late: self._answer(plan, sql, late), self._timing.deadline(plan))
         return clamp_result(result, plan) if clamp_counts else result
 
-    def _execute_with_bias(self, plan: QueryPlan, sql: str, share: float) -> Result:
-        """The query at ``1 - BIAS_SHARE`` of the epsilon asked and the dropped-rows estimate
-        at the rest (``share``): one charge for both, before any data is read; no repeat store."""
+    def _execute_with_bias(self, plan: QueryPlan, sql: str, share: float,
+                           late: threading.Event | None = None) -> Result:
+        """The query at ``1 - BIAS_SHARE`` of the epsilon asked and the bias estimates at the
+        rest, ``share`` (:mod:`dpsql.release.bias`): one charge for both, before any data is
+        read, and both reads inside the deadline; no repeat store."""
         base = charge_of(plan, sql)
-        charge = Charge(base.epsilon + share, base.delta, sql,
-                        (*base.events, event_from_description(bias_mechanism(plan, share))))
-        result = self._fresh(plan, sql, charge).result
+        charge = Charge(base.epsilon + share, base.delta, sql, (*base.events, *bias_mechanisms(plan, share)))
+        self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)
+        noisy, values = self._reader.read(plan, late)
         try:
-            estimate = estimate_dropped(plan, self._engine, share, self._source)
-        except Exception as exc:  # noqa: BLE001 - charged: the one fixed failure, as in _read
+            if late is not None and late.is_set():
+                raise TimeoutError
+            estimate, per_group = estimate_bias(plan, self._engine, share, noisy, self._source)
+            if late is not None and late.is_set():
+                raise TimeoutError
+        except Exception as exc:  # noqa: BLE001 - charged: the one fixed failure, as in read.py
             log.warning("a charged bias estimate failed (%s)", type(exc).__name__)
             estimate = None
         if estimate is None:
             raise QueryFailed()
-        result.bias = estimate  # type: ignore[attr-defined]
-        result.privacy = replace(result.privacy, epsilon=charge.epsilon, notes=(*result.privacy.notes, estimate.note()))
-        return result
+        table, cells = self._post.run(plan, noisy)
+        result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, values)
+        names = [n for n in per_group.column_names if n.startswith("__bias")]
+        return attach(result, plan, estimate, self._post.carry(plan, per_group, names), charge.epsilon)
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
@@ -391,7 +399,7 @@ class Connection:
         (the most ``fn`` can change when k rows change) and a delta, PTR or smooth sensitivity
         may be used; otherwise sample-and-aggregate. ``strategy`` forces one.
         """
-        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)  # type: ignore[arg-type]
+        udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)
         self._udfs[udf.name] = udf
         self._plans.clear()
         self._reader.forget()

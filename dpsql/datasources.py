@@ -37,7 +37,8 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.engine import DuckDBEngine
-from dpsql.errors import Error, PolicyError
+from dpsql.errors import Error, PolicyError, first_line
+from dpsql.hardened import lock, open_private
 
 __all__ = [
     "OpenedSources", "SourcesEngine", "cli_database", "export_parquet", "open_engine", "open_sources",
@@ -48,12 +49,6 @@ _READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".json": "read_json"
             ".jsonl": "read_json", ".ndjson": "read_json"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
-_CONFIG = {
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
-    "python_enable_replacements": False,
-}
 
 
 @dataclass(frozen=True)
@@ -79,6 +74,12 @@ def source_kind(source: object) -> str:
         return "duckdb"
     reader = _reader_for(text)
     return reader.removeprefix("read_") if reader else "unknown"
+
+
+def _path(source: object) -> str:
+    """The text of a source :func:`source_kind` found to be a path (a ``str`` or ``os.PathLike``)."""
+    assert isinstance(source, str | os.PathLike), "source_kind calls any other source a frame"
+    return os.fsdecode(source)
 
 
 def _reader_for(path: str) -> str | None:
@@ -142,7 +143,7 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
         PolicyError: a source that names no readable file, a DuckDB file or table that
             cannot be opened, a file DuckDB cannot read, or an object that is no source.
     """
-    con = duckdb.connect(":memory:", config=_CONFIG)
+    con = open_private()
     allowed: list[str] = []
     identity: list[str] = []
     try:
@@ -155,16 +156,16 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
                 con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(hidden)}")
                 identity.append(f"frame:{uuid.uuid4().hex}")
             elif kind == "duckdb":
-                path, _, inner = os.fspath(source).rpartition(":")  # type: ignore[arg-type]
+                path, _, inner = _path(source).rpartition(":")
                 _attach(con, table, path, inner, position)
                 info = os.stat(path)
                 identity.append(f"{os.path.abspath(path)}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
             elif kind == "unknown":
-                raise PolicyError(f"table {table!r}: cannot tell the format of {os.fspath(source)!r}; name Parquet "  # type: ignore[arg-type]
+                raise PolicyError(f"table {table!r}: cannot tell the format of {_path(source)!r}; name Parquet "
                                   "(.parquet), CSV (.csv) or JSON (.json) files, a folder of them, or "
                                   "'file.duckdb:table'.")
             else:
-                path = os.fspath(source)  # type: ignore[arg-type]
+                path = _path(source)
                 files = _files(table, path)
                 allowed += files
                 reader = _reader_for(path) or "read_parquet"
@@ -176,13 +177,12 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
                     identity.append(f"{f}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
         if allowed:
             con.execute(f"SET allowed_paths = [{', '.join(_literal(f) for f in allowed)}]")
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
+        lock(con)
         for table in sources:  # every view readable now, under the locked configuration
             try:
                 con.sql(f"SELECT * FROM {_ident(table)} LIMIT 0").fetchall()
             except duckdb.Error as e:
-                raise PolicyError(f"table {table!r}: DuckDB cannot read its source: {str(e).splitlines()[0]}") from None
+                raise PolicyError(f"table {table!r}: DuckDB cannot read its source: {first_line(e)}") from None
     except BaseException:
         con.close()
         raise
@@ -198,7 +198,7 @@ def _attach(con: duckdb.DuckDBPyConnection, table: str, path: str, inner: str, p
         con.execute(f"ATTACH {_literal(os.path.abspath(path))} AS {_ident(alias)} (READ_ONLY)")
         con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(alias)}.main.{_ident(inner)}")
     except duckdb.Error as e:
-        raise PolicyError(f"table {table!r}: cannot open table {inner!r} of {path!r}: {str(e).splitlines()[0]}. "
+        raise PolicyError(f"table {table!r}: cannot open table {inner!r} of {path!r}: {first_line(e)}. "
                           "If this process has the file open read-write, pass that connection instead.") from None
 
 

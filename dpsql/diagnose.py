@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 import sqlglot
 import sqlglot.errors
 import sqlglot.expressions as exp
-from sqlglot.tokens import Token, TokenType
+from sqlglot import Token, TokenType
 
 from dpsql.errors import QueryRejected
 
@@ -76,7 +76,7 @@ def underline(sql: str, start: int, end: int) -> str:
     return f"  {line}\n  {' ' * (start - line_start)}{'^' * width}"
 
 
-def span(sql: str, node: exp.Expression) -> tuple[int, int] | None:
+def span(sql: str, node: exp.Expr) -> tuple[int, int] | None:
     """Where the user wrote ``node`` in ``sql``: (first, last) offsets, inclusive, or
     ``None`` when unknown. A call includes its name and closing parenthesis, a typed
     literal its type word (sqlglot records neither)."""
@@ -106,7 +106,7 @@ def span(sql: str, node: exp.Expression) -> tuple[int, int] | None:
     return start, end
 
 
-def source_text(sql: str, node: exp.Expression) -> str | None:
+def source_text(sql: str, node: exp.Expr) -> str | None:
     """What the user wrote for ``node``: its span in ``sql`` (``None`` when unknown).
 
     >>> tree = sqlglot.parse_one("SELECT COUNT(1) FROM t", read="duckdb")
@@ -117,7 +117,7 @@ def source_text(sql: str, node: exp.Expression) -> str | None:
     return None if where is None else sql[where[0]: where[1] + 1]
 
 
-def quote(sql: str, node: exp.Expression, limit: int = 60) -> str:
+def quote(sql: str, node: exp.Expr, limit: int = 60) -> str:
     """What the user wrote for ``node``, shortened to ``limit`` characters, for a message
     (the generated SQL when its position is unknown).
 
@@ -176,7 +176,7 @@ def did_you_mean(name: str, allowed: Iterable[str]) -> str:
 # ---------------------------------------------------------------- parsing
 
 
-def parse_statements(sql: str, read: str = DIALECT) -> list[exp.Expression]:
+def parse_statements(sql: str, read: str = DIALECT) -> list[exp.Expr]:
     """Parse ``sql`` (in dialect ``read``, DuckDB's by default) within the size limits, or
     raise a clear :class:`QueryRejected`.
 
@@ -296,9 +296,9 @@ def _deepest(tokens: Sequence[Token]) -> int:
     return deepest
 
 
-def _check_depth(sql: str, tree: exp.Expression) -> None:
+def _check_depth(sql: str, tree: exp.Expr) -> None:
     """Refuse a tree deeper than :data:`MAX_TREE_DEPTH` (measured without recursion)."""
-    stack: list[tuple[exp.Expression, int]] = [(tree, 1)]
+    stack: list[tuple[exp.Expr, int]] = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_TREE_DEPTH:
@@ -307,9 +307,9 @@ def _check_depth(sql: str, tree: exp.Expression) -> None:
             stack.append((child, depth + 1))
 
 
-def _too_deep(node: exp.Expression) -> str:
+def _too_deep(node: exp.Expr) -> str:
     """Name the chain that makes the tree deep: the operator most of the node's ancestors are."""
-    kinds: dict[str, list[exp.Expression]] = {}
+    kinds: dict[str, list[exp.Expr]] = {}
     ancestor = node.parent
     while ancestor is not None:
         kinds.setdefault(type(ancestor).__name__, []).append(ancestor)
@@ -318,7 +318,8 @@ def _too_deep(node: exp.Expression) -> str:
     word = _WORDS.get(kind, "nested expression")
     hint = {"Or": " Write a long OR of equalities as IN (...), or split the query.",
             "And": " Split the conditions over several queries, or use IN / BETWEEN."}.get(kind, " Simplify it.")
-    terms, current = 1, chain[-1]
+    terms = 1
+    current: exp.Expr | None = chain[-1]
     while current is not None and type(current).__name__ == kind:  # down the chain, iteratively
         terms += 1
         current = next((c for c in current.iter_expressions() if type(c).__name__ == kind), None)

@@ -24,7 +24,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from dpsql.result import Result
 
-__all__ = ["cell_text", "explanation_text", "html_table", "result_repr", "text_table", "with_intervals"]
+__all__ = ["cell_text", "explanation_text", "html_table", "result_repr", "text_table", "with_bias_columns",
+           "with_intervals"]
 
 #: Rows shown by ``repr`` and in a notebook before "... N more rows".
 SHOWN_ROWS = 20
@@ -65,7 +66,7 @@ def cell_text(value: Any, half_width: float | None, *, integer: bool) -> str:
 
 
 def _is_integer(table: pa.Table, name: str) -> bool:
-    return pa.types.is_integer(table.schema.field(name).type)
+    return bool(pa.types.is_integer(table.schema.field(name).type))
 
 
 def _rows(result: Result, limit: int | None) -> tuple[list[str], list[list[str]]]:
@@ -80,16 +81,49 @@ def _rows(result: Result, limit: int | None) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
-def text_table(result: Result, limit: int | None = None) -> str:
-    """A plain-text table with ± half-widths (what the CLI prints)."""
-    header, rows = _rows(result, limit)
+#: What the bias table under an answer is (``bias=True``: :mod:`dpsql.release.bias`).
+BIAS_TITLE = ("bias estimate per cell (differentially private, ± its 95% noise; rows the caps dropped "
+              "and values clipped into their bounds, which the ± above does not cover):")
+
+
+def _bias_rows(result: Result, limit: int | None) -> tuple[list[str], list[list[str]]] | None:
+    """The answer's shape with each aggregate cell's bias estimates, keys as they are."""
+    bias = getattr(result, "bias", None)
+    if bias is None or not bias.cells:
+        return None
+    table = result.arrow()
+    header = list(table.column_names)
+    count = table.num_rows if limit is None else min(limit, table.num_rows)
+    rows = []
+    for i in range(count):
+        row = []
+        for name in header:
+            cell = bias.cells.get(name, [None] * table.num_rows)[i]
+            row.append(cell.text() if cell is not None
+                       else cell_text(table[name][i].as_py(), None, integer=_is_integer(table, name)))
+        rows.append(row)
+    return header, rows
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h) for j, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return lines
+
+
+def text_table(result: Result, limit: int | None = None) -> str:
+    """A plain-text table with ± half-widths (what the CLI prints), and under it, when the
+    query asked for them, each cell's bias estimates."""
+    header, rows = _rows(result, limit)
+    lines = _aligned(header, rows)
     hidden = len(result) - len(rows)
     if hidden > 0:
         lines.append(f"... {hidden} more row{'s' if hidden != 1 else ''}")
+    bias = _bias_rows(result, limit)
+    if bias is not None:
+        lines += ["", BIAS_TITLE, *_aligned(*bias)]
     return "\n".join(lines)
 
 
@@ -133,6 +167,13 @@ def html_table(result: Result) -> str:
     hidden = len(result) - len(rows)
     if hidden > 0:
         parts.append(f"<p>… {hidden} more row{'s' if hidden != 1 else ''} (<code>res.df()</code> has them all)</p>")
+    bias = _bias_rows(result, SHOWN_ROWS)
+    if bias is not None:
+        parts.append(f"<p><small>{e(BIAS_TITLE)}</small></p><table><thead><tr>")
+        parts += [f'<th style="text-align:left">{e(h)}</th>' for h in bias[0]]
+        parts.append("</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f'<td style="text-align:left">{e(c)}</td>' for c in row) + "</tr>" for row in bias[1]]
+        parts.append("</tbody></table>")
     parts.append(f"<p><small>{e(_charge_line(result))}; ± is the 95% half-width of the noise.<br>")
     parts.append("<br>".join(e(line) for line in _mechanism_lines(result)))
     parts += [f"<br>note: {e(note)}" for note in result.privacy.notes]
@@ -154,6 +195,25 @@ def with_intervals(result: Result) -> pa.Table:
                      for v in result.accuracy.cells(name)]
             columns.append(pa.array(cells, pa.float64()))
             names.append(f"{name}_ci95")
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def with_bias_columns(result: Result, table: pa.Table | None = None) -> pa.Table:
+    """``table`` (default: the answer) with a ``<column>_bias`` text column (the cell's bias
+    estimates, :mod:`dpsql.release.bias`) after each aggregate column, as the Postgres
+    front's ``SET dpsql.bias = on`` gives."""
+    table = result.arrow() if table is None else table
+    bias = result.bias
+    if bias is None or not bias.cells:
+        return table
+    columns, names = [], []
+    for name in table.column_names:
+        columns.append(table[name])
+        names.append(name)
+        cells = bias.cells.get(name)
+        if cells is not None and any(c is not None for c in cells):
+            columns.append(pa.array([None if c is None else c.text() for c in cells], pa.string()))
+            names.append(f"{name}_bias")
     return pa.Table.from_arrays(columns, names=names)
 
 

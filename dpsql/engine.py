@@ -34,25 +34,16 @@ from typing import Protocol
 import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
+from sqlglot.dialects.dialect import Dialect
 
 from dpsql.errors import Error, InternalError
+from dpsql.hardened import lock, open_private
 from dpsql.plan import QueryPlan
 
 __all__ = ["DuckDBEngine", "Engine", "bind"]
 
 _ATTACHED = "dpsql_data"
 
-_LOCKED_SETTINGS = (
-    "SET enable_external_access = false",
-    "SET lock_configuration = true",
-)
-
-_CONFIG = {
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
-    "python_enable_replacements": False,
-}
 
 
 class Engine(Protocol):
@@ -90,6 +81,11 @@ class Engine(Protocol):
         """Run a query (a tree, or what :meth:`prepare` returned) and return its rows."""
         ...
 
+    def data_version(self) -> str:
+        """A name for the data's current version that is not read from the data (the
+        repeat store's key; see :class:`DuckDBEngine`)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -111,13 +107,16 @@ def bind(plan: QueryPlan, engine: Engine) -> QueryPlan:
             types = tuple(schema[source.table.casefold()].items())
             sources.append(replace(source, types=types, row_id=engine.row_id(source.alias, source.table)))
     tables = tuple((name, engine.table(name)) for name in sorted(names))
-    return replace(plan, sources=tuple(sources), tables=tables)
+    lists = bool(getattr(engine, "list_parameters", False))
+    return replace(plan, sources=tuple(sources), tables=tables, list_parameters=lists)
 
 
 class DuckDBEngine:
     """DuckDB, opened from a file path or wrapping an existing connection."""
 
     dialect = "duckdb"
+    #: binds a Python list as one parameter (long lists of public keys, :mod:`dpsql.rewrite`)
+    list_parameters = True
 
     def __init__(
         self, database: str | os.PathLike[str] | duckdb.DuckDBPyConnection, *, data_version: str | None = None
@@ -191,7 +190,9 @@ class DuckDBEngine:
         return None if len(values) > limit else tuple(values)
 
     def prepare(self, query: exp.Expression) -> str:
-        return query.sql(dialect=self.dialect)
+        """The tree's text, written without the copy sqlglot's ``.sql()`` makes first (60%
+        of writing it): the tree may be changed by the writing, so hand it a fresh one."""
+        return str(Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False))
 
     def sql(self, query: exp.Expression, *, pretty: bool = False) -> str:
         return query.sql(dialect=self.dialect, pretty=pretty)
@@ -230,7 +231,7 @@ class DuckDBEngine:
 def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
     if not os.path.exists(path):
         raise Error(f"database file {path!r} does not exist. Pass the path of an existing DuckDB file.")
-    con = duckdb.connect(":memory:", config=_CONFIG)
+    con = open_private()
     literal = exp.Literal.string(path).sql(dialect="duckdb")
     try:
         con.execute(f"ATTACH {literal} AS {_ATTACHED} (READ_ONLY)")
@@ -240,6 +241,4 @@ def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
             f"cannot open {path!r} read-only: {e}. If this process already has the file open "
             "read-write, pass that connection to dpsql.connect instead of the path."
         ) from None
-    for statement in _LOCKED_SETTINGS:
-        con.execute(statement)
-    return con
+    return lock(con)

@@ -116,7 +116,22 @@ class AuthenticationError(OperationalError):
 
 
 class InternalError(DatabaseError):
-    """An internal assumption broke. This is probably a bug in dpsql: please report it."""
+    """An internal assumption broke. This is probably a bug in dpsql: please report it.
+
+    The message says what broke; the class adds that it is probably a bug, so callers
+    do not repeat it:
+
+    >>> str(InternalError("k must be in [1, 64], got 0"))
+    'k must be in [1, 64], got 0. This is probably a bug in dpsql: please report it.'
+    """
+
+    NOTE = "This is probably a bug in dpsql: please report it."
+
+    def __init__(self, message: str = "an internal assumption broke") -> None:
+        text = message.strip()
+        if not text.endswith(self.NOTE):  # idempotent: unpickling passes the full text again
+            text = f"{text if text.endswith(('.', '!', '?')) else text + '.'} {self.NOTE}"
+        super().__init__(text)
 
 
 class QueryFailed(OperationalError):
@@ -139,3 +154,16 @@ class QueryFailed(OperationalError):
 
 class RateLimited(OperationalError):
     """Too many queries from one analyst in a short time; nothing was charged."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (an engine's message runs on with
+    context lines), or the exception's class name when it has no message.
+
+    >>> first_line(ValueError("Conversion Error: bad value\\nLINE 1: SELECT ..."))
+    'Conversion Error: bad value'
+    >>> first_line(KeyError())
+    'KeyError'
+    """
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -211,7 +211,23 @@ class Explanation:
         text = explanation_text(self.epsilon, self.delta, self.mechanism,
                                 {name: asdict(col) for name, col in self.columns.items()}, composition,
                                 self.mechanisms)
-        return "\n".join([text, *self._bounds_text()])
+        return "\n".join([text, *self._bounds_text(), *self.bias_text()])
+
+    def bias_text(self) -> list[str]:
+        """What ``execute(sql, bias=True)`` would add (:mod:`dpsql.release.bias`): known from
+        the plan alone, like every half-width here."""
+        from dpsql.release.bias import BIAS_SHARE, quantities  # the bias module reads through the rewrite
+
+        if not self.plan.measurements and not self.plan.value_releases:
+            return []
+        share = self.epsilon * BIAS_SHARE
+        lines = [f"with bias=True: the query runs at epsilon={self.epsilon - share:g} and epsilon={share:g} buys, "
+                 "per cell, noisy counts of what bounding loses (95% half-widths):"]
+        for q in quantities(self.plan, share):
+            what = ("rows dropped by the caps" if q.bounds is None
+                    else f"values of {q.name} clipped into [{q.bounds[0]:g}, {q.bounds[1]:g}]")
+            lines.append(f"  {what}: ±{_short(q.half_width)} (counting at most {q.clip:,} per person)")
+        return lines
 
     def __repr__(self) -> str:
         return self.describe()
@@ -327,8 +343,12 @@ def smallest_epsilon(
     return rounded if rounded <= max_epsilon and width(rounded) <= half_width else high
 
 
+def _short(value: float) -> str:
+    return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:.3g}"
+
+
 def _round_up(value: float, digits: int) -> float:
-    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
     return math.ceil(value * scale) / scale
 
 
@@ -409,7 +429,8 @@ def _projection(plan: QueryPlan, column: str) -> exp.Expression:
     ]
     if len(matches) != 1:
         raise Error(f"no single output column {column!r}; the query's columns are: {', '.join(names)}.")
-    return plan.output.expressions[matches[0]]
+    projection: exp.Expression = plan.output.expressions[matches[0]]
+    return projection
 
 
 def _bare_aggregate(plan: QueryPlan, projection: exp.Expression) -> Aggregate | None:
@@ -439,7 +460,7 @@ def dry_run_composition(ledger: Any, analyst: str, budget: Any, charge: Charge) 
         history = [record.to_charge() for record in events(analyst)]
         before = _compose(compose, history, float(budget.delta)) if history else (0.0, 0.0)
         after = _compose(compose, [*history, charge], float(budget.delta))
-    except Exception:  # a dry run is advice: an accountant that cannot answer gives none
+    except Exception:  # noqa: BLE001 - a dry run is advice: an accountant that cannot answer gives none
         return None
     name = str(getattr(accountant, "name", type(accountant).__name__))
     return Composition(name, before, after, (float(budget.epsilon), float(budget.delta)))

@@ -124,12 +124,12 @@ def _interval(node: exp.Expression, column_bounds: ColumnBounds) -> tuple[float,
         pick = min if node.name.lower() == "least" else max
         return pick(p[0] for p in parts), pick(p[1] for p in parts)
     if isinstance(node, exp.Anonymous) and node.name.lower() == ANALYST_CLAMP and len(node.expressions) == 3:
-        lo, hi = (_interval(n, column_bounds) for n in node.expressions[1:])
+        lo_range, hi_range = (_interval(n, column_bounds) for n in node.expressions[1:])
         try:
             inner = _interval(node.expressions[0], column_bounds)
         except _NoBounds:
-            return lo[0], hi[1]
-        low, high = max(lo[0], inner[0]), min(hi[1], inner[1])
+            return lo_range[0], hi_range[1]
+        low, high = max(lo_range[0], inner[0]), min(hi_range[1], inner[1])
         if low > high:
             raise _NoBounds(node, "the analyst's bounds do not overlap the values the expression can take")
         return low, high

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 import sqlglot
 import sqlglot.errors
 from sqlglot import exp
-from sqlglot.tokens import TokenType
+from sqlglot import TokenType
 
 from dpsql.diagnose import parse_statements
 from dpsql.errors import ProgrammingError, QueryRejected
@@ -41,14 +41,14 @@ class BadParameter(ProgrammingError):
     """A parameter that cannot be bound: wrong number, unsupported type, not a finite number."""
 
 
-def placeholders(tree: exp.Expression) -> list[exp.Expression]:
+def placeholders(tree: exp.Expr) -> list[exp.Expr]:
     """The placeholder nodes of ``tree`` (``?`` and ``$n``), in the order they appear (a
     depth-first walk follows the text: sqlglot keeps each node's arguments in the order
     they are written)."""
     return [node for node in tree.walk(bfs=False) if isinstance(node, (exp.Placeholder, exp.Parameter))]
 
 
-def _number_of(node: exp.Expression) -> str | None:
+def _number_of(node: exp.Expr) -> str | None:
     """The text after ``$`` of a numbered placeholder, ``None`` for ``?``."""
     inner = node.this
     if isinstance(inner, exp.Expression):
@@ -58,8 +58,8 @@ def _number_of(node: exp.Expression) -> str | None:
     return str(inner)
 
 
-def bind_tree(tree: exp.Expression, count: int, literal_for: Callable[[int], exp.Expression], *,
-              all_used: bool = True) -> exp.Expression:
+def bind_tree(tree: exp.Expr, count: int, literal_for: Callable[[int], exp.Expression], *,
+              all_used: bool = True) -> exp.Expr:
     """``tree`` with each placeholder replaced by ``literal_for(n)`` (n counted from 1).
 
     Args:
@@ -99,7 +99,7 @@ def bind_tree(tree: exp.Expression, count: int, literal_for: Callable[[int], exp
     if qmarks:  # the tree does not keep where each ? stood: number them in the text first
         raise BadParameter("number the query's ? placeholders before binding them (bind_values does).")
 
-    def replace(node: exp.Expression) -> exp.Expression:
+    def replace(node: exp.Expr) -> exp.Expr:
         if isinstance(node, (exp.Placeholder, exp.Parameter)):
             return literal_for(int(_number_of(node) or 0))
         return node

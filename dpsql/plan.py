@@ -49,6 +49,8 @@ class Noise(Protocol):
 
     def sample(self, n: int, source: Any = None) -> Any: ...
 
+    def __hash__(self) -> int: ...  # noises are frozen values (release caches their quantiles)
+
 
 class LaplaceNoise(Noise, Protocol):
     """Discrete Laplace noise, which also has a ``scale`` (partition selection)."""
@@ -99,7 +101,7 @@ class Source:
     alias: str
     table: str
     join: str = "from"
-    on: exp.Expression | None = None
+    on: exp.Expr | None = None
     query: exp.Select | None = None
     types: tuple[tuple[str, str], ...] = ()
     row_id: exp.Expression | None = None
@@ -125,7 +127,7 @@ class GroupKey:
     column: str | None
     expression: exp.Expression
     public_values: tuple[object, ...] | None
-    filters: tuple[tuple[exp.Expression, tuple[object, ...]], ...] = ()
+    filters: tuple[tuple[exp.Column, tuple[object, ...]], ...] = ()
     family: str = "string"
 
     @property
@@ -346,12 +348,14 @@ class QueryPlan:
             for every table the bounded query reads (derived tables' inner ones too); set
             when the plan is bound to an engine (:func:`dpsql.engine.bind`), so that
             :mod:`dpsql.rewrite` needs nothing but the plan.
+        list_parameters: whether the bound engine binds lists as query parameters (DuckDB
+            does): long lists of listed key values are then bound, not written out.
     """
 
     sql: str
     table: str
     unit_column: str | None
-    where: exp.Expression | None
+    where: exp.Expr | None
     group_keys: tuple[GroupKey, ...]
     max_rows_per_unit: int
     max_groups_per_unit: int
@@ -370,6 +374,7 @@ class QueryPlan:
     notes: tuple[str, ...] = field(default=())
     normalized: str = ""
     tables: tuple[tuple[str, exp.Table], ...] = ()
+    list_parameters: bool = False
 
     def measurement(self, name: str) -> Measurement:
         for m in self.measurements:

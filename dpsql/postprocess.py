@@ -15,7 +15,8 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from dpsql.errors import QueryRejected
+from dpsql.errors import QueryRejected, first_line
+from dpsql.hardened import lock, open_private
 from dpsql.plan import NOISY_TABLE, QueryPlan
 from dpsql.analyze.parse import DIALECT
 
@@ -28,17 +29,9 @@ class Postprocessor:
     """Runs output queries over noisy tables on a private, data-free DuckDB."""
 
     def __init__(self) -> None:
-        self._con = duckdb.connect(
-            ":memory:",
-            config={
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-                "python_enable_replacements": False,
-            },
-        )
+        self._con = open_private()
         self._con.execute("SET error_on_division_by_zero = false")
-        self._con.execute("SET enable_external_access = false")
-        self._con.execute("SET lock_configuration = true")
+        lock(self._con)
         self._lock = threading.Lock()
 
     def check(self, plan: QueryPlan, noisy_schema: pa.Schema) -> None:
@@ -64,8 +57,22 @@ class Postprocessor:
                 cells[name] = [None] * table.num_rows
         return visible, cells
 
-    def _run(self, plan: QueryPlan, noisy: pa.Table) -> pa.Table:
+    def carry(self, plan: QueryPlan, noisy: pa.Table, names: list[str]) -> dict[str, list[object]] | None:
+        """Columns ``names`` of the noisy table, one value per row of the answer (after the
+        output query's HAVING, ORDER BY and LIMIT), or ``None`` when the output query's rows
+        are not the noisy table's (SELECT DISTINCT over it). Post-processing, like :meth:`run`."""
+        if _direct_columns(plan) is not None:
+            return {n: noisy[n].to_pylist() for n in names}
+        if plan.output.args.get("distinct") or plan.output.args.get("group"):
+            return None
+        extra: list[exp.Expression] = [exp.column(n, quoted=True) for n in names]
+        table = self._run(plan, noisy, extra)
+        return {n: table.column(table.num_columns - len(names) + i).to_pylist() for i, n in enumerate(names)}
+
+    def _run(self, plan: QueryPlan, noisy: pa.Table, extra: list[exp.Expression] | None = None) -> pa.Table:
         query = _with_accuracy(plan)
+        if extra:
+            query = query.select(*extra, copy=False)
         sql = query.sql(dialect=DIALECT)
         with self._lock:
             try:
@@ -74,7 +81,7 @@ class Postprocessor:
             except duckdb.Error as e:
                 raise QueryRejected(
                     f"the select list, HAVING or ORDER BY cannot be evaluated on the noisy "
-                    f"aggregates: {str(e).splitlines()[0]}"
+                    f"aggregates: {first_line(e)}"
                 ) from None
             finally:
                 self._con.unregister(NOISY_TABLE)

@@ -15,7 +15,7 @@ import duckdb
 import sqlglot.expressions as exp
 
 from dpsql.engine import Engine
-from dpsql.errors import QueryRejected
+from dpsql.errors import QueryRejected, first_line
 from dpsql.policy import Policy
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
@@ -66,7 +66,7 @@ def public_result(select: exp.Select, engine: Engine, sql: str) -> Result:
     try:
         table = engine.run(engine_query(select, engine))
     except duckdb.Error as e:  # public data only: its errors tell nothing about anyone
-        raise QueryRejected(f"this query over public tables failed: {str(e).splitlines()[0]}") from None
+        raise QueryRejected(f"this query over public tables failed: {first_line(e)}") from None
     columns = {name: ColumnPrivacy("public") for name in table.column_names}
     accuracy = Accuracy({name: [0.0] * table.num_rows for name in table.column_names})
     note = "only public tables were read: the answer is exact and free"

@@ -54,7 +54,7 @@ class Reader:
         """
         try:
             prepared, bounded = self._bounded(plan)
-            exact = self._engine.run(prepared, bounded.salts())
+            exact = self._engine.run(prepared, bounded.arguments())
             if late is None or not late.is_set():
                 return self._noisy(plan, exact)
         except Exception as exc:  # noqa: BLE001 - every cause gets the same answer

@@ -66,12 +66,11 @@ import hashlib
 import io
 import json
 import os
-import secrets
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
@@ -87,6 +86,7 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy
 from dpsql.report import described
 from dpsql.result import Accuracy, Result
+from dpsql.sqlitefile import guarded, make_durable, open_database, write_transaction
 
 __all__ = [
     "ANSWERS_SUFFIX",
@@ -106,7 +106,6 @@ CACHE_FORMAT = 2
 ANSWERS_SUFFIX = ".answers"
 REPEAT_NOTE = "repeat: served from cache, charged nothing"
 _FILE_FORMAT = "dpsql-answers"
-_BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -147,7 +146,7 @@ class CachedAnswer:
         columns = {new: stored.columns[old] for old, new in pairs}
         report = replace(stored, columns=columns, notes=(*stored.notes, REPEAT_NOTE))
         result = Result(renamed, report, Accuracy(cells), sql)
-        result.cached = True  # type: ignore[attr-defined]
+        result.cached = True
         return result
 
 
@@ -263,15 +262,8 @@ class RepeatCache:
         Inside it no other process can store an answer: look up, charge, store, and the
         ``COMMIT`` makes the answer visible to every later repeat. An exception rolls back.
         """
-        with self._guarded():
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield _Claim(self)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
+        with self._guarded(), write_transaction(self._conn):
+            yield _Claim(self)
 
     def close(self) -> None:
         """Close the file. Closing twice is harmless."""
@@ -291,16 +283,10 @@ class RepeatCache:
 
     # -- private ---------------------------------------------------------------------
 
-    @contextmanager
-    def _guarded(self) -> Iterator[None]:
-        with self._lock:
-            try:
-                yield
-            except sqlite3.Error as exc:
-                raise Error(
-                    f"the repeat cache {self!r} failed: {exc}. Check that the file is readable "
-                    "and writable, or delete it to drop every stored answer."
-                ) from exc
+    def _guarded(self) -> AbstractContextManager[None]:
+        return guarded(self._lock, lambda exc: Error(
+            f"the repeat cache {self!r} failed: {exc}. Check that the file is readable "
+            "and writable, or delete it to drop every stored answer."))
 
     def _get(self, key: str, anchor: str) -> CachedAnswer | None:
         row = self._conn.execute(
@@ -341,54 +327,20 @@ def _open(path: str | None) -> sqlite3.Connection:
     if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise Error(f"cannot keep repeat answers in {path!r}: its directory does not exist.")
     try:
-        conn = sqlite3.connect(path or ":memory:", isolation_level=None, check_same_thread=False,
-                               timeout=_BUSY_TIMEOUT_MS / 1000)
+        return open_database(path, lambda conn: _prepare(conn, path))
     except sqlite3.Error as exc:
-        raise Error(f"cannot open the repeat cache {path!r}: {exc}.") from exc
-    try:
-        _prepare_patiently(conn, path)
-    except sqlite3.Error as exc:
-        conn.close()
         raise Error(f"cannot open the repeat cache {path!r}: {exc}. Delete the file to start afresh.") from exc
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _prepare_patiently(conn: sqlite3.Connection, path: str | None) -> None:
-    """:func:`_prepare`, retried while another process is creating the same file (switching
-    a new file to WAL can fail at once with "database is locked")."""
-    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            _prepare(conn, path)
-            return
-        except sqlite3.OperationalError as exc:
-            busy = "locked" in str(exc) or "busy" in str(exc)
-            if not busy or time.monotonic() > deadline:
-                raise
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            time.sleep(0.005 + secrets.randbelow(10_000) / 1_000_000)  # jitter, not noise
 
 
 def _prepare(conn: sqlite3.Connection, path: str | None) -> None:
-    conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if tables and not {"meta", "answers"} <= tables:
         raise Error(f"{path!r} is not a dpsql repeat-answers file; move it away or choose another ledger path.")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    make_durable(conn)
+    with write_transaction(conn):
         for statement in _SCHEMA:
             conn.execute(statement)
         conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', ?)", (_FILE_FORMAT,))
         fmt = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()[0]
         if fmt != _FILE_FORMAT:
             raise Error(f"{path!r} is not a dpsql repeat-answers file; move it away or choose another ledger path.")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise

@@ -36,8 +36,8 @@ def charge_of(plan: QueryPlan, sql: str) -> Charge:
 
 def fresh_result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
             cached: bool) -> Result:
-    result = Result(table, privacy_report(plan), Accuracy(cells), sql)  # type: ignore[arg-type]
-    result.cached = cached  # type: ignore[attr-defined]
+    result = Result(table, privacy_report(plan), Accuracy(cells), sql)
+    result.cached = cached
     return result
 
 
@@ -70,11 +70,12 @@ def described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
     return selection + tuple(m.describe() for m in plan.measurements) + values
 
 
-#: Why a smooth-sensitivity answer has no ± (issue 15 item 4: a stated reason where none exists).
-NO_HALF_WIDTH = (
-    "no ± for smooth sensitivity: its noise scale, 2 S / epsilon, is set by the smooth sensitivity "
-    "S of this data, which is not private, so no interval is released. Sample-and-aggregate "
-    "(delta = 0, or a UDF registered with strategy='sample_and_aggregate') and PTR release one."
+#: How a smooth-sensitivity answer's ± is made (issue 15 item 4; :mod:`dpsql.release.udf.smooth`).
+SMOOTH_HALF_WIDTH = (
+    "smooth sensitivity's noise scale is set by the data's smooth sensitivity S, which is not private, "
+    "so its ± comes from a differentially private upper bound of S bought with 20% of this release's "
+    "epsilon: it covers the noise with probability at least 95% and is typically about twice as wide "
+    "as S itself would give. PTR and sample-and-aggregate give an exact ±."
 )
 
 
@@ -95,8 +96,8 @@ def with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]
         why = str(outs[0].parameters.get("why", ""))  # type: ignore[attr-defined]
         per_group = " (chosen per group from a noisy unit count; first group shown)" if len(outs) > 1 else ""
         notes.append(f"{name}: {why}{per_group}")
-        if any(o.half_width is None and not o.refused for o in outs):  # type: ignore[attr-defined]
-            notes.append(f"{name}: {NO_HALF_WIDTH}")
+        if any(o.mechanism == "smooth_sensitivity" for o in outs):  # type: ignore[attr-defined]
+            notes.append(f"{name}: {SMOOTH_HALF_WIDTH}")
         refused = sum(bool(o.refused) for o in outs)  # type: ignore[attr-defined]
         if refused:
             notes.append(f"{name}: {refused} of {len(outs)} group(s) refused by PTR (NULL): {outs[0].reason or 'unstable'}")  # type: ignore[attr-defined]

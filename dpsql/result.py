@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from dpsql.release.bias import BiasEstimate
 
 __all__ = ["Accuracy", "ColumnPrivacy", "PrivacyReport", "Result"]
 
@@ -38,13 +41,18 @@ class PrivacyReport:
     columns: Mapping[str, ColumnPrivacy] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
-    def __repr__(self) -> str:
-        lines = [f"PrivacyReport(epsilon={self.epsilon:g}, delta={self.delta:g})"]
+    def format(self, header: str | None = None) -> str:
+        """The report as text: ``header`` (by default the cost), then a line per column and
+        per note (what ``repr`` and ``dpsql query`` show)."""
+        lines = [header or f"PrivacyReport(epsilon={self.epsilon:g}, delta={self.delta:g})"]
         for name, col in self.columns.items():
             std = f", noise std {col.noise_std:.4g}" if col.noise_std is not None else ""
             lines.append(f"  {name}: {col.mechanism}{std}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.format()
 
 
 class Accuracy(Mapping[str, float]):
@@ -80,13 +88,19 @@ class Accuracy(Mapping[str, float]):
 
 
 class Result:
-    """A query's noisy answer, DB-API and Arrow flavoured."""
+    """A query's noisy answer, DB-API and Arrow flavoured.
+
+    ``bias`` is ``None`` unless the query asked for the bias estimates (``bias=True``,
+    :mod:`dpsql.release.bias`): then their totals and, per cell, ``bias.cells``.
+    """
 
     def __init__(self, table: pa.Table, privacy: PrivacyReport, accuracy: Accuracy, sql: str = "") -> None:
         self._table = table
         self.privacy = privacy
         self.accuracy = accuracy
         self.sql = sql
+        self.cached = False  # True for a repeat answered from the repeat store, charged nothing
+        self.bias: BiasEstimate | None = None
 
     @property
     def columns(self) -> list[str]:
@@ -114,7 +128,7 @@ class Result:
         return list(zip(*columns)) if columns else []
 
     def __len__(self) -> int:
-        return self._table.num_rows
+        return int(self._table.num_rows)
 
     def __repr__(self) -> str:
         """The rows with their ± half-widths, the charge, each column's mechanism, notes."""

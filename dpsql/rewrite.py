@@ -3,7 +3,8 @@
 The bounded query has up to four steps (subqueries), each a plain relational pass:
 
 ``__rows``   one row per (joined) source row that passes WHERE: the unit, the keys, and per
-             measurement its per-row integer (NULL, NaN dropped; clipped; fixed point).
+             column its per-row integer (NULL, NaN dropped; clipped; fixed point): one for
+             all of a column's SUM and AVG (see :mod:`dpsql.rewrite_columns`).
 ``__pairs``  one row per (unit, group), the one pass every user-level DP system pays:
              COUNT capped at ``max_rows_per_unit`` (``m``); a SUM of ``n`` values is kept
              whole when ``n <= m`` and else weighed down to ``m`` rows, ``sum * m // n``
@@ -12,7 +13,8 @@ The bounded query has up to four steps (subqueries), each a plain relational pas
 ``__kept``   only when a unit could be in more groups than ``max_groups_per_unit``: the
              unit's groups with the smallest keyed hash ``hash(xor(hash(unit, keys), salt))``
              for a fresh secret salt: a uniform random choice.
-final        GROUP BY keys: exact 128-bit sums, floored to the release lattice.
+final        GROUP BY keys: exact 128-bit sums, floored to the release lattice; AVG's centred
+             sum is ``S - K*M`` there, from the column's sum ``S`` and capped count ``K``.
 
 A row-level table (no privacy unit) that is not joined needs none of the bounding: each row
 is its own unit. Joined, each of its rows is a unit identified by its row id.
@@ -26,17 +28,18 @@ Measured alternatives are in ``benchmarks/README.md``.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
 
 from dpsql.analyze.calibrate import clip_range, midpoint, square_offset
 from dpsql.analyze.predicates import member
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
+from dpsql.rewrite_columns import Layout, Read, RowValue, layout
 from dpsql.sqltypes import parse_type
 
-__all__ = ["Bounded", "bounded_query", "new_salt", "value_query"]
+__all__ = ["LIST_PARAMETER", "Bounded", "bounded_query", "new_salt", "value_query"]
 
 _LIMIT = 2**62
 
@@ -47,10 +50,24 @@ def new_salt() -> int:
 
 
 def _col(name: str, table: str | None = None) -> exp.Column:
-    return exp.column(name, table=table, quoted=True)
+    return exp.Column(this=exp.Identifier(this=name, quoted=True),
+                      table=exp.Identifier(this=table, quoted=True) if table is not None else None)
 
 
-def _int(value: int) -> exp.Literal:
+def _type(name: str) -> exp.DataType:
+    """A plain type node (``exp.DataType.build`` parses its argument: 30 us a call)."""
+    return exp.DataType(this=exp.DataType.Type[name])
+
+
+def _cast(value: exp.Expression, to: str) -> exp.Cast:
+    return exp.Cast(this=value, to=_type(to))
+
+
+def _alias(value: exp.Expression, name: str) -> exp.Alias:
+    return exp.Alias(this=value, alias=exp.Identifier(this=name, quoted=True))
+
+
+def _int(value: int) -> exp.Expression:
     return exp.Literal.number(value)
 
 
@@ -70,61 +87,127 @@ def _keyed_hash(salt: int | str, *args: exp.Expression) -> exp.Expression:
     query parameter (``$name``) bound at run time, so one SQL text serves every query.
     """
     value: exp.Expression = exp.Placeholder(this=salt) if isinstance(salt, str) else _int(salt)
-    salted = _func("xor", _func("hash", *args), exp.cast(value, exp.DataType.build("UBIGINT", dialect="duckdb")))
+    salted = _func("xor", _func("hash", *args), _cast(value, "UBIGINT"))
     return _func("hash", salted)
+
+
+#: A key's listed values, when more than this many, are one bound list parameter applied to
+#: the (unit, group) pairs instead of a literal ``IN`` list over the rows (issue 16: 100,000
+#: public zips were a 690 KB ``IN`` list, 3.8 s to write and 3-5x the floor to run).
+LIST_PARAMETER = 1000
+
+
+def _listed_keys(plan: QueryPlan) -> list[tuple[str, str, str, tuple[object, ...]]]:
+    """``(parameter, key column, element type, values)`` of each key filter bound as a list:
+    a plain column key (its filter is on the key itself, so filtering its pairs keeps what
+    filtering its rows keeps), a long list of strings or of integers, an engine that binds
+    lists (DuckDB), and a query whose rows are filtered at all (see :func:`_rows`)."""
+    if not plan.list_parameters or (plan.unit_column is None and not plan.unit_is_row):
+        return []
+    if not (plan.sample_groups or plan.selection is not None):
+        return []
+    out: list[tuple[str, str, str, tuple[object, ...]]] = []
+    for i, key in enumerate(plan.group_keys):
+        for column, values in key.filters:
+            if len(values) <= LIST_PARAMETER or not isinstance(column, exp.Column):
+                continue
+            if key.column is None or column.sql() != key.expression.sql():
+                continue
+            kind = parse_type(_types(plan, column.table)[column.name.casefold()])
+            if kind.family == "string" and all(isinstance(v, str) for v in values):
+                element = "VARCHAR"
+            elif kind.family == "number" and kind.name in _INTEGERS and all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in values):
+                element = kind.name
+            else:
+                continue
+            out.append((f"__k{i}_{len(out)}", key.name, element, values))
+    return out
+
+
+_INTEGERS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT")
 
 
 @dataclass(frozen=True)
 class Bounded:
-    """A bounded query: its tree, and the names of the query parameters it takes (the
-    secret salts, bound fresh on every run: :meth:`salts`), so that one tree, or the SQL
-    text an engine prepares from it once, serves every run of the plan."""
+    """A bounded query: its tree, and the query parameters it takes, so that one tree (or
+    the SQL text an engine prepares from it once) serves every run of the plan.
+
+    Attributes:
+        query: the tree (DuckDB's functions; an engine translates what it must).
+        parameters: the secret salts' parameter names, bound fresh on every run (:meth:`salts`).
+        lists: listed key values bound as list parameters, by parameter name (issue 16).
+    """
 
     query: exp.Select
     parameters: tuple[str, ...] = ()
+    lists: Mapping[str, list[object]] = field(default_factory=dict)
 
     def salts(self) -> dict[str, int]:
-        """A fresh secret salt for each parameter."""
+        """A fresh secret salt for each salt parameter."""
         return {name: new_salt() for name in self.parameters}
+
+    def arguments(self) -> dict[str, object]:
+        """What one run binds: fresh salts and the listed values."""
+        return {**self.salts(), **self.lists}
 
 
 def bounded_query(plan: QueryPlan, salt: int | None = None) -> Bounded:
     """The query whose result is one row per group with every measurement's exact bounded
-    sum. ``plan`` must be bound to the engine (:func:`dpsql.engine.bind`).
+    sum. ``plan`` must be bound to the engine (:func:`dpsql.engine.bind`): this reads nothing
+    but the plan.
 
     With ``salt=None`` the keyed hash takes the query parameter ``$salt2`` (listed in the
-    result's ``parameters``): bind a fresh secret salt per run, so the tree can be reused."""
-    rows = _rows(plan)
+    result's ``parameters``): bind a fresh secret salt per run, so the tree can be reused.
+    The tree is built once, node by node, and never copied (copies were most of a small
+    query's build cost)."""
+    columns = layout(plan)
+    listed = _listed_keys(plan)
+    rows = _rows(plan, _row_projections(plan, columns), bound={k for _, k, _, _ in listed})
     if plan.unit_column is None and not plan.unit_is_row:
-        query = _final(plan, rows, per_row=True)
+        query = _final(plan, columns, rows, per_row=True)
     else:
-        pairs = _pairs(plan, rows)
+        pairs = _pairs(plan, columns, rows)
+        if listed:  # listed values bound as lists: kept pairs only (before the group cap)
+            pairs.set("having", exp.Having(this=exp.and_(*(_in_list(*k) for k in listed), copy=False)))
         if plan.sample_groups:
             pairs = _kept(plan, pairs, salt)
-        query = _final(plan, pairs, per_row=False)
-    # The parameters are read off the tree just built (not the text): whatever shape the
-    # steps above take, every placeholder they wrote is listed once.
-    names = tuple(dict.fromkeys(p.name for p in query.find_all(exp.Placeholder)))
-    return Bounded(query, names)
+        query = _final(plan, columns, pairs, per_row=False)
+    lists = {name: list(values) for name, _, _, values in listed}
+    # The salts are read off the tree just built (not its text): whatever shape the steps
+    # above take, every placeholder they wrote is listed once.
+    salts = tuple(dict.fromkeys(p.name for p in query.find_all(exp.Placeholder) if p.name not in lists))
+    return Bounded(query, salts, lists)
 
 
-def _rows(plan: QueryPlan, projections: list[exp.Expression] | None = None, filter_keys: bool = False) -> exp.Select:
-    projections = _row_projections(plan) if projections is None else projections
-    query = exp.select(*projections).from_(_aliased(plan, plan.sources[0]))
+def _in_list(parameter: str, key: str, element: str, values: tuple[object, ...]) -> exp.Expression:
+    """``key IN (SELECT unnest(CAST($parameter AS element[])))``: a semi join with the list."""
+    listed = exp.Cast(this=exp.Placeholder(this=parameter), to=exp.DataType.build(f"{element}[]", dialect="duckdb"))
+    return exp.In(this=_col(key), query=exp.Subquery(this=exp.Select(expressions=[_func("unnest", listed)])))
+
+
+def _rows(
+    plan: QueryPlan, projections: list[exp.Expr] | None = None, filter_keys: bool = False,
+    bound: set[str] | frozenset[str] = frozenset(),
+) -> exp.Select:
+    """``bound``: the keys whose listed values filter the pairs instead (:func:`_listed_keys`)."""
+    projections = _row_projections(plan, layout(plan)) if projections is None else projections
+    query = exp.Select(expressions=projections).from_(_aliased(plan, plan.sources[0]), copy=False)
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
-        on = source.on.copy() if source.on is not None else None
-        query = query.join(_aliased(plan, source), on=on, join_type=side, copy=False)
+        assert source.on is not None, "the analyzer gives every joined source its ON condition"
+        query = query.join(_aliased(plan, source), on=source.on.copy(), join_type=side, copy=False)
     conditions = [plan.where.copy()] if plan.where is not None else []
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
         for key in plan.group_keys:
-            for column, values in key.filters:
+            for column, values in key.filters if key.name not in bound else ():
+                assert isinstance(column, exp.Column)
                 dtype = _types(plan, column.table)[column.name.casefold()]
                 conditions.append(member(column, dtype, values))
     if conditions:
-        query = query.where(exp.and_(*conditions), copy=False)
+        query = query.where(exp.and_(*conditions, copy=False), copy=False)
     return query
 
 
@@ -148,31 +231,35 @@ def value_query(plan: QueryPlan, release: ValueRelease, salt: int | None = None)
     unit = _unit(plan)
     column = _col(release.column, release.source)
     row_ids = [_row_id(source) for source in plan.sources]
-    keys = [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
-    projections = [
-        exp.alias_(unit.copy(), "__u", quoted=True),
-        exp.alias_(_keyed_hash(salt, unit.copy(), *row_ids), "__h", quoted=True),
+    keys = [_alias(k.expression.copy(), k.name) for k in plan.group_keys]
+    projections: list[exp.Expr] = [
+        _alias(unit, "__u"),
+        _alias(_keyed_hash(salt, unit.copy(), *row_ids), "__h"),
         *keys,
-        exp.alias_(exp.cast(column.copy(), exp.DataType.build("DOUBLE")), "__v", quoted=True),
+        _alias(_cast(column, "DOUBLE"), "__v"),
     ]
     rows = _rows(plan, projections, filter_keys=True)
     rows = rows.where(exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null())), copy=False)
-    key_cols = [_col(k.name) for k in plan.group_keys]
+    names = [k.name for k in plan.group_keys]
     per_group = exp.Window(
         this=exp.RowNumber(),
-        partition_by=[_col("__u"), *[k.copy() for k in key_cols]],
+        partition_by=[_col("__u"), *(_col(k) for k in names)],
         order=exp.Order(expressions=[exp.Ordered(this=_col("__h"))]),
     )
-    groups = exp.Window(
-        this=exp.Anonymous(this="dense_rank", expressions=[]),
-        partition_by=[_col("__u")],
-        order=exp.Order(expressions=[exp.Ordered(this=_keyed_hash(salt ^ 0x3C3C3C3C3C3C3C3, _col("__u"), *[k.copy() for k in key_cols]))]),
-    )
-    query = exp.select(*[k.copy() for k in key_cols], exp.alias_(_func("hash", _col("__u")), "__id", quoted=True), _col("__v"))
-    query = query.from_(rows.subquery("__rows"))
-    keep = exp.LTE(this=per_group, expression=_int(release.rows_per_unit))
-    if plan.group_keys:
-        keep = exp.and_(keep, exp.LTE(this=groups, expression=_int(plan.max_groups_per_unit)))
+    query = exp.Select(expressions=[*(_col(k) for k in names), _alias(_func("hash", _col("__u")), "__id"), _col("__v")])
+    query = query.from_(rows.subquery("__rows", copy=False), copy=False)
+    keep: exp.Expression = exp.LTE(this=per_group, expression=_int(release.rows_per_unit))
+    if plan.group_keys and plan.sample_groups:
+        # the group cap, only where it can bind: rows are filtered to the listed keys, so with
+        # public keys no more than the cap a unit never has more groups than it keeps (this
+        # window was 1.7 s of a 2.4 s MEDIAN over 10M rows by 4 public regions)
+        order = _keyed_hash(salt ^ 0x3C3C3C3C3C3C3C3, _col("__u"), *(_col(k) for k in names))
+        groups = exp.Window(
+            this=exp.Anonymous(this="dense_rank", expressions=[]),
+            partition_by=[_col("__u")],
+            order=exp.Order(expressions=[exp.Ordered(this=order)]),
+        )
+        keep = exp.And(this=keep, expression=exp.LTE(this=groups, expression=_int(plan.max_groups_per_unit)))
     query.set("qualify", exp.Qualify(this=keep))
     return query
 
@@ -184,24 +271,24 @@ def _aliased(plan: QueryPlan, source: Source) -> exp.Expression:
             real = plan.table_ref(table.name)
             real.set("alias", table.args.get("alias"))
             table.replace(real)
-        return query.subquery(exp.to_identifier(source.alias, quoted=True))
+        return query.subquery(exp.to_identifier(source.alias, quoted=True), copy=False)
     table = plan.table_ref(source.table)
     table.set("alias", exp.TableAlias(this=exp.to_identifier(source.alias, quoted=True)))
     return table
 
 
-def _row_projections(plan: QueryPlan) -> list[exp.Expression]:
-    projections: list[exp.Expression] = []
+def _row_projections(plan: QueryPlan, columns: Layout) -> list[exp.Expr]:
+    projections: list[exp.Expr] = []
     if plan.unit_column is not None or plan.unit_is_row:
-        projections.append(exp.alias_(_unit(plan), "__u", quoted=True))
+        projections.append(_alias(_unit(plan), "__u"))
     for key in plan.group_keys:
-        projections.append(exp.alias_(key.expression.copy(), key.name, quoted=True))
-    for m in plan.measurements:
-        value = _row_value(m, {} if m.expression is not None else _types(plan, m.source))
-        if value is not None:
-            projections.append(exp.alias_(value, f"{m.name}_v", quoted=True))
+        projections.append(_alias(key.expression.copy(), key.name))
+    for value in columns.values:
+        m = value.of
+        types = {} if m.expression is not None else _types(plan, m.source)
+        projections.append(_alias(_row_value(value, types), value.name))
     # COUNT(*) over a row-level table needs no column at all, but SQL needs a select list
-    return projections or [exp.alias_(_int(1), "__one", quoted=True)]
+    return projections or [_alias(_int(1), "__one")]
 
 
 def _types(plan: QueryPlan, alias: str) -> Mapping[str, str]:
@@ -217,10 +304,9 @@ def _row_id(source: Source) -> exp.Expression:
     return source.row_id.copy()
 
 
-def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | None:
-    """The per-row integer a measurement sums (NULL when the row does not count)."""
-    if m.kind in ("count_rows", "count_units"):
-        return None
+def _row_value(value: RowValue, types: Mapping[str, str]) -> exp.Expression:
+    """A per-row integer (NULL when the row does not count: its value is NULL or NaN)."""
+    m = value.of
     assert m.column is not None
     if m.expression is not None:  # an aggregate over an expression, compiled total
         column: exp.Expression = exp.Paren(this=m.expression.copy())
@@ -228,59 +314,80 @@ def _row_value(m: Measurement, types: Mapping[str, str]) -> exp.Expression | Non
     else:
         column = _col(m.column, m.source)
         dtype = types[m.column.casefold()]
-    present: exp.Expression = exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null()))
-    as_double = exp.cast(column.copy(), exp.DataType.build("DOUBLE"))  # never fails on a number
+    present: exp.Expression = exp.Not(this=exp.Is(this=column, expression=exp.Null()))
     if parse_type(dtype).name in ("FLOAT", "DOUBLE"):
-        present = exp.and_(present, exp.Not(this=_func("isnan", as_double.copy())))
-    if m.kind == "count_values":
+        isnan = _func("isnan", _cast(column.copy(), "DOUBLE"))
+        present = exp.And(this=present, expression=exp.Not(this=isnan))
+    if value.kind == "present":
         then: exp.Expression = _int(1)
-    else:
-        then = _fixed_point(as_double, m)
+    else:  # never fails on a number
+        then = _fixed_point(_cast(column.copy(), "DOUBLE"), value.kind, m.bounds, value.frac_bits)
     return exp.Case(ifs=[exp.If(this=present, true=then)])
 
 
-def _fixed_point(x: exp.Expression, m: Measurement) -> exp.Expression:
+def _fixed_point(x: exp.Expression, kind: str, bounds: tuple[float, float] | None, frac_bits: int) -> exp.Expression:
     """``CAST(ROUND(clip(v) * 2^frac_bits) AS BIGINT)`` where ``v`` is ``x``, ``x - mid`` or
     ``(x - mid)^2 - h^2/2`` (see :func:`~dpsql.analyze.calibrate.clip_range`); NULL and NaN never
     reach it, and every intermediate is clipped, so +-inf cannot escape either."""
-    assert m.bounds is not None
-    if m.kind in ("sum_centred", "sum_squares"):
-        x = exp.Sub(this=x, expression=_float(midpoint(m.bounds)))
-    if m.kind == "sum_squares":
-        lo_c, hi_c = clip_range("sum_centred", m.bounds)
+    assert bounds is not None
+    if kind in ("sum_centred", "sum_squares"):
+        x = exp.Sub(this=x, expression=_float(midpoint(bounds)))
+    if kind == "sum_squares":
+        lo_c, hi_c = clip_range("sum_centred", bounds)
         centred = _func("least", _func("greatest", x, _float(lo_c)), _float(hi_c))
-        x = exp.Sub(this=exp.Mul(this=centred, expression=centred.copy()), expression=_float(square_offset(m.bounds)))
-    lo, hi = clip_range(m.kind, m.bounds)
+        x = exp.Sub(this=exp.Mul(this=centred, expression=centred.copy()), expression=_float(square_offset(bounds)))
+    lo, hi = clip_range(kind, bounds)
     clipped = _func("least", _func("greatest", x, _float(lo)), _float(hi))
-    scaled = exp.Mul(this=clipped, expression=_float(2.0**m.frac_bits))
-    return exp.cast(exp.Round(this=scaled), exp.DataType.build("BIGINT"))
+    scaled = exp.Mul(this=clipped, expression=_float(2.0**frac_bits))
+    return _cast(exp.Round(this=scaled), "BIGINT")
 
 
 def _float(value: float) -> exp.Expression:
-    return exp.cast(exp.Literal.number(repr(float(value))), exp.DataType.build("DOUBLE"))
+    return _cast(exp.Literal.number(repr(float(value))), "DOUBLE")
 
 
-def _pairs(plan: QueryPlan, rows: exp.Select) -> exp.Select:
-    cap = _int(plan.max_rows_per_unit)
-    keys = [_col("__u")] + [_col(k.name) for k in plan.group_keys]
-    projections: list[exp.Expression] = [k.copy() for k in keys]
+def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select) -> exp.Select:
+    """One row per (unit, group): capped counts and weighed-down sums; one ``SUM`` and one
+    ``COUNT`` per column (:mod:`dpsql.rewrite_columns`)."""
+    cap = plan.max_rows_per_unit
+    keys = ["__u", *(k.name for k in plan.group_keys)]
+    projections: list[exp.Expression] = [_col(k) for k in keys]
     for m in plan.measurements:
-        v = _col(f"{m.name}_v")
+        read = columns.reads.get(m.name, Read())
         if m.kind == "count_rows":
-            value: exp.Expression = _func("least", exp.Count(this=exp.Star()), cap.copy())
-        elif m.kind == "count_values":
-            value = _func("least", exp.Count(this=v), cap.copy())
+            value: exp.Expression = _func("least", exp.Count(this=exp.Star()), _int(cap))
         elif m.kind == "count_units":
             value = _int(1)
+        elif m.kind == "count_values" and read.count is not None:
+            value = _func("least", exp.Count(this=_col(read.count)), _int(cap))
+        elif read.value is not None and read.count is not None:
+            value = _rescaled_sum(lambda r=read: _unit_sum(r), read.count, cap)  # type: ignore[misc]
         else:
-            value = _rescaled_sum(v, cap)
-        projections.append(exp.alias_(value, m.name, quoted=True))
-    return exp.select(*projections).from_(rows.subquery("__rows")).group_by(*keys)
+            raise AssertionError(f"no per-row column for {m.name}")
+        projections.append(_alias(value, m.name))
+    query = exp.Select(expressions=projections).from_(rows.subquery("__rows", copy=False), copy=False)
+    return query.group_by(*(_col(k) for k in keys), copy=False)
 
 
-def _rescaled_sum(v: exp.Column, cap: exp.Literal) -> exp.Expression:
+def _unit_sum(read: Read) -> exp.Expression:
+    """A unit's exact sum in a group, before the row cap: ``SUM(v)``, or for a centred sum
+    derived from the column's shared value ``scale * SUM(v) - offset * COUNT(v)``."""
+    assert read.value is not None and read.count is not None
+    total: exp.Expression = _cast(exp.Sum(this=_col(read.value)), "INT128")
+    if not read.scale:
+        return total
+    if read.scale != 1:
+        total = exp.Mul(this=total, expression=_int(read.scale))
+    if read.offset:
+        n = _cast(exp.Count(this=_col(read.count)), "INT128")  # offset * n can pass 2^63
+        total = exp.Sub(this=total, expression=exp.Mul(this=_int(read.offset), expression=n))
+    return exp.Paren(this=total)
+
+
+def _rescaled_sum(total: Callable[[], exp.Expression], count: str, cap: int) -> exp.Expression:
     """A unit's sum in one group, its ``n`` values weighed down to ``min(n, cap)`` rows:
-    ``sum(v)`` when ``n <= cap``, else ``(sum(v) * cap) // n``, in exact 128-bit integers.
+    ``total`` when ``n <= cap``, else ``(total * cap) // n``, in exact 128-bit integers
+    (``n``: ``COUNT(count)``, the column's present rows, the same for every sum of it).
 
     This is the expected sum of ``cap`` of the unit's rows drawn uniformly at random, with
     the same bound (``|result| <= cap * row_bound``, so the same sensitivity) and without
@@ -288,10 +395,11 @@ def _rescaled_sum(v: exp.Column, cap: exp.Literal) -> exp.Expression:
     exact-``cap``-rows sampler (window, ``min_by``; benchmarks/README.md). Truncating ``//``
     only shrinks the magnitude, so the bound holds.
     """
-    n = exp.Count(this=v.copy())
-    total = exp.cast(exp.Sum(this=v.copy()), exp.DataType.build("HUGEINT"))
-    scaled = exp.IntDiv(this=exp.Mul(this=total.copy(), expression=cap.copy()), expression=n.copy())
-    return exp.Case(ifs=[exp.If(this=exp.GT(this=n, expression=cap.copy()), true=scaled)], default=total)
+    def n() -> exp.Expression:
+        return exp.Count(this=_col(count))
+
+    scaled = exp.IntDiv(this=exp.Mul(this=total(), expression=_int(cap)), expression=n())
+    return exp.Case(ifs=[exp.If(this=exp.GT(this=n(), expression=_int(cap)), true=scaled)], default=total())
 
 
 def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None) -> exp.Select:
@@ -307,22 +415,35 @@ def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None) -> exp.Select:
     g = plan.max_groups_per_unit
     keys = [_col(k.name) for k in plan.group_keys]
     order = _keyed_hash("salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, _col("__u"), *keys)
-    hashed = exp.select(exp.Star(), exp.alias_(order, "__h", quoted=True)).from_(pairs.subquery("__pairs"))
-    smallest = exp.alias_(_func("min", _col("__h"), _int(g + 1)), "__l", quoted=True)
-    limits = (exp.select(exp.alias_(_col("__u"), "__lu", quoted=True), smallest)
-              .from_(exp.to_identifier("__ph", quoted=True)).group_by(_col("__u")))
-    h, cut, after = _col("__h", "__ph"), _index(_col("__l"), g), _index(_col("__l"), g + 1)
+    hashed = (exp.Select(expressions=[exp.Star(), _alias(order, "__h")])
+              .from_(pairs.subquery("__pairs", copy=False), copy=False))
+    smallest = _alias(_func("min", _col("__h"), _int(g + 1)), "__l")
+    limits = (exp.Select(expressions=[_alias(_col("__u"), "__lu"), smallest])
+              .from_(_table("__ph"), copy=False).group_by(_col("__u"), copy=False))
+
+    def h() -> exp.Expression:
+        return _col("__h", "__ph")
+
+    def cut() -> exp.Expression:
+        return _index(_col("__l"), g)
+
     keep = exp.or_(
         exp.LTE(this=_func("len", _col("__l")), expression=_int(g)),
-        exp.LT(this=h.copy(), expression=cut.copy()),
-        exp.and_(exp.EQ(this=h.copy(), expression=cut.copy()), exp.NEQ(this=after, expression=cut.copy())),
+        exp.LT(this=h(), expression=cut()),
+        exp.and_(exp.EQ(this=h(), expression=cut()), exp.NEQ(this=_index(_col("__l"), g + 1), expression=cut()),
+                 copy=False),
+        copy=False,
     )
     on = exp.EQ(this=_col("__u", "__ph"), expression=_col("__lu", "__thr"))
-    return (exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("__ph", quoted=True)))
-            .from_(exp.to_identifier("__ph", quoted=True))
-            .join(limits.subquery("__thr"), on=on)
-            .where(keep)
-            .with_("__ph", as_=hashed))
+    return (exp.Select(expressions=[exp.Column(this=exp.Star(), table=exp.Identifier(this="__ph", quoted=True))])
+            .from_(_table("__ph"), copy=False)
+            .join(limits.subquery("__thr", copy=False), on=on, copy=False)
+            .where(keep, copy=False)
+            .with_("__ph", as_=hashed, copy=False))
+
+
+def _table(name: str) -> exp.Table:
+    return exp.Table(this=exp.Identifier(this=name, quoted=True))
 
 
 def _index(array: exp.Expression, position: int) -> exp.Expression:
@@ -331,23 +452,30 @@ def _index(array: exp.Expression, position: int) -> exp.Expression:
     return exp.Bracket(this=array, expressions=[_int(position - 1)])
 
 
-def _final(plan: QueryPlan, source: exp.Select, per_row: bool) -> exp.Select:
-    keys = [_col(k.name) for k in plan.group_keys]
-    projections: list[exp.Expression] = [k.copy() for k in keys]
+def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool) -> exp.Select:
+    keys = [k.name for k in plan.group_keys]
+    projections: list[exp.Expression] = [_col(k) for k in keys]
     for m in plan.measurements:
-        if per_row:
-            inner = _col(f"{m.name}_v") if m.kind in ("count_values", "sum", "sum_centred", "sum_squares") else exp.Star()
-            total: exp.Expression = exp.Count(this=inner) if m.kind.startswith("count") else exp.Sum(this=inner)
-        else:
-            total = exp.Sum(this=_col(m.name))
-        total = exp.Coalesce(this=total, expressions=[_int(0)])
+        total: exp.Expression = exp.Coalesce(this=_total(m, columns.reads.get(m.name, Read()), per_row),
+                                             expressions=[_int(0)])
         if m.shift > 0:
-            total = exp.BitwiseRightShift(this=exp.cast(total, exp.DataType.build("HUGEINT")), expression=_int(m.shift))
+            total = exp.BitwiseRightShift(this=_cast(total, "INT128"), expression=_int(m.shift))
         saturated = _func("least", _func("greatest", total, _int(-_LIMIT)), _int(_LIMIT))
-        projections.append(exp.alias_(exp.cast(saturated, exp.DataType.build("BIGINT")), m.name, quoted=True))
+        projections.append(_alias(_cast(saturated, "BIGINT"), m.name))
     if plan.selection is not None:  # distinct units per group: one row per kept (unit, group)
-        projections.append(exp.alias_(exp.Count(this=exp.Star()), plan.selection.name, quoted=True))
+        projections.append(_alias(exp.Count(this=exp.Star()), plan.selection.name))
     if not projections:  # only order statistics / UDFs, no keys: one row, nothing measured
-        projections.append(exp.alias_(exp.Count(this=exp.Star()), "__rows", quoted=True))
-    query = exp.select(*projections).from_(source.subquery("__src"))
-    return query.group_by(*keys) if keys else query
+        projections.append(_alias(exp.Count(this=exp.Star()), "__rows"))
+    query = exp.Select(expressions=projections).from_(source.subquery("__src", copy=False), copy=False)
+    return query.group_by(*(_col(k) for k in keys), copy=False) if keys else query
+
+
+def _total(m: Measurement, read: Read, per_row: bool) -> exp.Expression:
+    """A measurement's exact total over the kept (unit, group) pairs (or rows, ``per_row``)."""
+    if not per_row:
+        return exp.Sum(this=_col(m.name))
+    if m.kind == "count_values" and read.count is not None:
+        return exp.Count(this=_col(read.count))
+    if m.kind.startswith("count"):
+        return exp.Count(this=exp.Star())
+    return _unit_sum(read)  # each row its own unit: the same sum, with no cap to apply

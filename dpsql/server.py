@@ -81,6 +81,7 @@ class Request:
     sql: str
     epsilon: float | None
     delta: float | None
+    bias: bool = False
 
     @classmethod
     def parse(cls, body: bytes) -> Request:
@@ -98,13 +99,17 @@ class Request:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise Error(f"malformed request: {name} must be a number or null, got {value!r}.")
             values[name] = None if value is None else float(value)
-        return cls(fields["sql"], values["epsilon"], values["delta"])
+        bias = fields.get("bias", False)
+        if not isinstance(bias, bool):
+            raise Error(f"malformed request: bias must be true or false, got {bias!r}.")
+        return cls(fields["sql"], values["epsilon"], values["delta"], bias)
 
     def describe(self) -> str:
         text = " ".join(self.sql.split())
         if len(text) > _LOGGED_SQL_CHARS:
             text = text[:_LOGGED_SQL_CHARS] + "..."
-        return f"sql={text!r} epsilon={_amount(self.epsilon)} delta={_amount(self.delta)}"
+        bias = " bias=on" if self.bias else ""
+        return f"sql={text!r} epsilon={_amount(self.epsilon)} delta={_amount(self.delta)}{bias}"
 
 
 def _amount(value: float | None) -> str:
@@ -188,7 +193,7 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def _query(self, analyst: str, request: Request) -> flight.RecordBatchStream:
         start = time.perf_counter()
         try:
-            result = self._service.execute(analyst, request.sql, request.epsilon, request.delta)
+            result = self._service.execute(analyst, request.sql, request.epsilon, request.delta, bias=request.bias)
         except Error as exc:
             log.info("query analyst=%r %s refused: %s (nothing charged)", analyst, request.describe(), type(exc).__name__)
             raise
@@ -305,14 +310,13 @@ def _answering(what: str, context: flight.ServerCallContext, answer: Callable[[]
         raise kind(f"{type(exc).__name__}: {exc}", extra_info=error_payload(exc)) from None
     except flight.FlightError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last net: an incident number, never the message
         incident = secrets.token_hex(4)
         # The stack only: an engine's message could quote a value from the data.
         log.error("%s failed with an unexpected %s (incident %s) from %s; stack:\n%s", what,
                   type(exc).__name__, incident, context.peer(), "".join(traceback.format_tb(exc.__traceback__)))
         error = InternalError(
-            f"the dpsql server failed unexpectedly (incident {incident}, logged on the server). "
-            "This is probably a bug in dpsql: please report it."
+            f"the dpsql server failed unexpectedly (incident {incident}, logged on the server)."
         )
         raise flight.FlightInternalError(str(error), extra_info=error_payload(error)) from None
 
@@ -322,7 +326,7 @@ def _answering(what: str, context: flight.ServerCallContext, answer: Callable[[]
 
 @dataclass(frozen=True)
 class ServeOptions:
-    database: str
+    database: object  # a DuckDB file's path, None (the policy's sources) or a Spark session
     policy: str
     ledger: str
     auth: str
@@ -374,7 +378,7 @@ def serve(
         try:
             server = DpsqlFlightServer(location, service, verifier, tls_certificates=tls,
                                        reporters=reporters, collector=collector)
-        except Exception as exc:  # ArrowException: the port is taken, a bad TLS certificate
+        except Exception as exc:  # noqa: BLE001 - ArrowException: the port is taken, a bad TLS certificate
             raise Error(
                 f"cannot serve on {options.host}:{options.port}: {str(exc).splitlines()[0]}. "
                 "Is another server using that port? Pick another with --port."

@@ -98,11 +98,13 @@ class Service:
                 self._connections[analyst] = conn
             return conn
 
-    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Result:
+    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None, *,
+                bias: bool = False) -> Result:
         """Answer a query for ``analyst``: rate-limited, then the pipeline, whose answers
-        (when it reads data) are released at their deadline (:mod:`dpsql.timing`)."""
+        (when it reads data) are released at their deadline (:mod:`dpsql.timing`); ``bias``
+        asks for the bias estimates (:mod:`dpsql.release.bias`, inside the same deadline)."""
         self._rate.take(analyst)
-        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta)
+        return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias)
 
     def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
         return self.connection(analyst).explain(sql, epsilon=epsilon, delta=delta)

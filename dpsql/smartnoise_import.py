@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,7 @@ def translate(text: str, source: str = "<string>") -> Translation:
     return Translation(header + "".join(blocks), tuple(notes))
 
 
-def _find_tables(node: Any, path: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _find_tables(node: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Mapping[Any, Any]]]:
     """(path, body) of every mapping whose children include a column (a mapping with a
     'type' key)."""
     if not isinstance(node, Mapping):

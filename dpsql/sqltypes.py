@@ -43,9 +43,10 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from decimal import Decimal
 
 import sqlglot.expressions as exp
+
+from dpsql.errors import InternalError
 
 __all__ = [
     "BIGINT", "BOOLEAN", "DOUBLE", "NULL", "TIMESTAMP", "VARCHAR", "Operand", "SqlType", "cast",
@@ -157,6 +158,13 @@ class Operand:
     @property
     def is_literal(self) -> bool:
         return self.text is not None
+
+    @property
+    def tree(self) -> exp.Expression:
+        """``expr``, which every operand has but a number literal (``text`` only)."""
+        if self.expr is None:
+            raise InternalError(f"the number literal {self.text} has no expression")
+        return self.expr
 
 
 def number_literal(text: str) -> Operand:

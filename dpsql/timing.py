@@ -215,14 +215,13 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
     ``repeats`` runs of each (after one warm-up run), each rounded up to a 19% step. The
     tails are the slack's job. Takes one to two seconds.
     """
-    import duckdb
-
+    from dpsql.hardened import scratch as scratch_duckdb
 
     policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
     times = []
     with tempfile.TemporaryDirectory(prefix="dpsql-calibration-") as scratch:
         for n in rows:
-            con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
+            con = scratch_duckdb()
             con.execute(f"CREATE TABLE t AS SELECT range // 4 AS u, 'g' || (range % 7) AS g, "
                         f"(range * 7919 % 1000)::DOUBLE AS x FROM range({int(n)})")
             # A ledger file and an answers file, as the server has: their commits are part

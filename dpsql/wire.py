@@ -15,6 +15,7 @@ from dpsql import errors
 from dpsql.codec import cells_from_payload, cells_payload, dumps, loads, report_from_payload, report_payload
 from dpsql.errors import AuthenticationError, BudgetExceeded, Error
 from dpsql.local._common import ReportError
+from dpsql.release.bias import BiasEstimate
 from dpsql.result import Accuracy, Result
 
 METADATA_KEY = b"dpsql"
@@ -29,14 +30,19 @@ _ERRORS: dict[str, type[Error]] = {name: getattr(errors, name) for name in error
 _ERRORS["ReportError"] = ReportError  # dpsql.local's error, raised by the report action
 
 
-def request_body(sql: str, epsilon: float | None, delta: float | None) -> bytes:
-    """The JSON body of a query or explain request."""
+def request_body(sql: str, epsilon: float | None, delta: float | None, bias: bool = False) -> bytes:
+    """The JSON body of a query or explain request (``"bias": true`` only when asked)."""
     if not isinstance(sql, str):
         raise Error(f"sql must be a string, got {type(sql).__name__}.")
     for name, value in (("epsilon", epsilon), ("delta", delta)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise Error(f"{name} must be a number or None, got {value!r}.")
-    return json.dumps({"sql": sql, "epsilon": epsilon, "delta": delta}).encode()
+    if not isinstance(bias, bool):
+        raise Error(f"bias must be True or False, got {bias!r}.")
+    body: dict[str, object] = {"sql": sql, "epsilon": epsilon, "delta": delta}
+    if bias:
+        body["bias"] = True
+    return json.dumps(body).encode()
 
 
 def encode_result(result: Result) -> pa.Table:
@@ -47,6 +53,8 @@ def encode_result(result: Result) -> pa.Table:
         "cached": bool(getattr(result, "cached", False)),
         "accuracy": cells_payload({name: result.accuracy.cells(name) for name in result.accuracy}),
     }
+    if result.bias is not None:
+        payload["bias"] = asdict(result.bias)
     table = result.arrow()
     metadata = dict(table.schema.metadata or {})
     metadata[METADATA_KEY] = dumps(payload).encode()
@@ -63,7 +71,9 @@ def decode_result(table: pa.Table, sql: str = "") -> Result:
     report = report_from_payload(payload)
     cells = cells_from_payload(payload["accuracy"])
     result = Result(table.replace_schema_metadata(metadata or None), report, Accuracy(cells), sql)
-    result.cached = bool(payload.get("cached", False))  # type: ignore[attr-defined]
+    result.cached = bool(payload.get("cached", False))
+    if payload.get("bias") is not None:
+        result.bias = BiasEstimate.from_json(payload["bias"])
     return result
 
 
@@ -80,6 +90,7 @@ def explanation_payload(explanation: Any) -> dict[str, Any]:
         "accuracy": explanation.accuracy,
         "columns": {name: _plain(column) for name, column in columns.items()},
         "composition": None if composition is None else _plain(composition),
+        "bias": list(explanation.bias_text()) if hasattr(explanation, "bias_text") else [],
     }
 
 

@@ -499,7 +499,7 @@ def spend_in_process(path: str, barrier: object, results: object) -> None:
         barrier.wait(timeout=30)  # type: ignore[attr-defined]
         with Ledger(path) as ledger:
             results.put(spend(ledger, 40))  # type: ignore[attr-defined]
-    except Exception as exc:  # report it at once rather than leave the parent waiting
+    except Exception as exc:  # noqa: BLE001 - report it at once rather than leave the parent waiting
         results.put(repr(exc))  # type: ignore[attr-defined]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -49,7 +48,7 @@ def _table() -> pa.Table:
 @pytest.fixture(scope="module")
 def conn(tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("groups") / "g.duckdb"
-    data = _table()
+    data = _table()  # noqa: F841 - read by DuckDB's replacement scan (FROM data)
     with duckdb.connect(str(path)) as c:
         c.execute("CREATE TABLE t AS SELECT * FROM data")
     with dpsql.connect(path, policy=parse_policy(POLICY), analyst="a", noise_source=SeededRandom(4)) as connection:
@@ -126,7 +125,7 @@ def test_mixed_public_and_private_keys(conn) -> None:
     res = conn.execute("SELECT region, city, COUNT(*) AS n FROM t GROUP BY region, city", epsilon=1.0, delta=1e-6)
     rows = res.fetchall()
     assert {(r[0], r[1]) for r in rows} == {("n", "big"), ("s", "big")}
-    for region, _city, n in rows:
+    for _region, _city, n in rows:
         assert n == pytest.approx(BIG / 2, abs=200)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from pathlib import Path
 
 import duckdb
 import pytest

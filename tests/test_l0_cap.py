@@ -9,7 +9,6 @@ import sqlglot.expressions as exp
 
 import dpsql
 from dpsql import rewrite
-from dpsql.noise import SeededRandom
 from dpsql.policy import parse_policy
 
 POLICY = """

@@ -155,3 +155,19 @@ def test_count_1_and_date_literals_are_answered_or_quoted(conn: dpsql.Connection
             assert "CAST is not allowed" not in str(exc) and "bare column" not in str(exc)
         else:
             assert len(result) == 1
+
+
+def test_an_internal_error_says_it_is_probably_a_bug_once() -> None:
+    import pickle
+
+    from dpsql.noise import laplace_noise
+
+    with pytest.raises(dpsql.InternalError) as info:
+        laplace_noise(1, -1.0)  # a broken assumption deep inside: the caller says what, the class says "bug"
+    text = str(info.value)
+    assert text.endswith(". This is probably a bug in dpsql: please report it.")
+    assert text.count("bug") == 1
+    again = pickle.loads(pickle.dumps(info.value))  # crossing a process or the wire adds nothing
+    assert str(again) == text
+    assert str(dpsql.InternalError("no trailing period")) == (
+        "no trailing period. This is probably a bug in dpsql: please report it.")

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -122,6 +121,14 @@ def test_psycopg_parameters_settings_accuracy_budget_and_explain(server):
         assert len(rows) == 4 and all(r[2] > 0 for r in rows)
         after = _budget(conn)
         assert after["epsilon_spent"] == pytest.approx(before["epsilon_spent"] + 0.5)
+        conn.execute("SET dpsql.accuracy = off")
+        conn.execute("SET dpsql.bias = on")  # issue 15: the bias estimates as text columns
+        cur = conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region")
+        assert [d.name for d in cur.description] == ["region", "n", "n_bias"]
+        assert all("rows dropped" in r[2] for r in cur.fetchall())
+        assert _budget(conn)["epsilon_spent"] == pytest.approx(after["epsilon_spent"] + 0.5)
+        assert conn.execute("SHOW dpsql.bias").fetchone() == ("on",)
+        conn.execute("RESET dpsql.bias")
         assert conn.execute("SELECT 1").fetchone() == (1,)
         assert "PostgreSQL" in conn.execute("SELECT version()").fetchone()[0]
         assert conn.execute("SHOW server_version").fetchone()[0].startswith("15")

@@ -167,6 +167,22 @@ def test_demo_matches_a_real_duckdb_schema(demo: Policy) -> None:
     check_against_schema(demo, schema)
 
 
+
+@pytest.mark.parametrize("kind", ["UINT64", "INT128", "DECIMAL(18, 2)", "numeric", "FLOAT4", "utinyint"])
+def test_bounds_accept_every_numeric_type_the_analyzer_accepts(demo: Policy, kind: str) -> None:
+    schema = {t: dict(c) for t, c in DEMO_SCHEMA.items()}
+    schema["visits"]["income"] = kind
+    check_against_schema(demo, schema)  # one classifier: dpsql.sqltypes.parse_type
+
+
+@pytest.mark.parametrize("kind", ["INTEGER[]", "VARCHAR", "DECIMAL(40,2)", "INTERVAL"])
+def test_bounds_refuse_a_type_that_is_not_a_number(demo: Policy, kind: str) -> None:
+    schema = {t: dict(c) for t, c in DEMO_SCHEMA.items()}
+    schema["visits"]["income"] = kind
+    with pytest.raises(PolicyError, match="bounds need a numeric column"):
+        check_against_schema(demo, schema)
+
+
 # ---------------------------------------------------------------- lookups
 
 

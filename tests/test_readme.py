@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-import dpsql
 
 
 ROOT = Path(__file__).parents[1]

@@ -244,7 +244,7 @@ def ask_in_process(db: str, ledger: str, barrier: Any, results: Any) -> None:
             barrier.wait(timeout=60)
             res = conn.execute(SQL)
             results.put((res.fetchall(), res.cached))
-    except Exception as exc:  # report at once rather than leave the parent waiting
+    except Exception as exc:  # noqa: BLE001 - report at once rather than leave the parent waiting
         results.put(repr(exc))
 
 

@@ -420,3 +420,20 @@ def test_remote_explain_describes_every_column_as_the_embedded_one(server: Serve
     columns = lambda text: text.split("per output column")[1].split("measurements:")[0]  # noqa: E731
     assert columns(repr(there)) == columns(repr(here))
     assert "  med: " in repr(there) and "bounds [0, 100]" in repr(there)
+    assert "with bias=True" in repr(there) and there.bias == tuple(here.bias_text())
+
+
+def test_bias_estimates_over_flight(server: ServerProcess, tokens: dict[str, str]) -> None:
+    """bias=True through the Flight front (issue 15): answered under the server's deadlines,
+    charged once for the query and its estimates, per cell on the client."""
+    with client(server, tokens["erin"]) as remote:
+        before = remote.budget().epsilon_spent
+        res = remote.execute(BY_REGION, epsilon=0.5, bias=True)
+        after = remote.budget().epsilon_spent
+    assert after - before == pytest.approx(0.5) and res.privacy.epsilon == pytest.approx(0.5)
+    assert res.bias is not None and res.bias.epsilon == pytest.approx(0.05)
+    assert set(res.bias.clipped) == {"income"}
+    assert len(res.bias.cells["n"]) == 4 and res.bias.cells["region"] == [None] * 4
+    assert "income values clipped" in res.bias.cells["avg_income"][0].text()
+    assert "bias estimate per cell" in res.format()
+    assert any("bias estimate" in note for note in res.privacy.notes)

@@ -45,7 +45,7 @@ from dpsql.release.udf.ptr import (
     quantile_value,
     refusal_probability,
 )
-from dpsql.release.udf.smooth import quantile_smooth_sensitivity, smooth_parameters, smooth_sensitivity
+from dpsql.release.udf.smooth import SCALE_SHARE, quantile_smooth_sensitivity, smooth_parameters, smooth_sensitivity
 
 #: Binomial tests pass when p > P_MIN (false failure 1e-4 each, fixed by the seed).
 P_MIN = 1e-4
@@ -498,11 +498,12 @@ def test_smooth_quantile_release() -> None:
     data = rng.normal(50, 10, 5000)
     source = SeededRandom(13)
     release = smooth_quantile(data, 0.5, (0, 100), 1.0, 1e-6, source=source)
-    params = smooth_parameters(1.0, 1e-6)
+    params = smooth_parameters(1.0 * (1 - SCALE_SHARE), 1e-6)  # the rest buys the private bound of S
     s = quantile_smooth_sensitivity(prepare_values(data, (0, 100)), 0.5, (0, 100), params.beta_sensitivity)
     assert release.diagnostics["smooth_sensitivity"] == s
     assert release.diagnostics["noise_scale"] == pytest.approx(2 * (s + release.lattice) / params.epsilon0, rel=1e-6)
-    assert release.noise_scale is None and release.half_width is None  # S is not private
+    assert release.noise_scale is None  # S is not private; the ± comes from a DP bound of it
+    assert release.half_width is not None and release.half_width >= 1.5 * release.diagnostics["noise_scale"]
     assert release.epsilon == 1.0 and release.delta == 1e-6
     assert (release.value / release.lattice).is_integer()  # type: ignore[operator]
     errors = np.array([smooth_quantile(data, 0.5, (0, 100), 1.0, 1e-6, source=source).value
@@ -521,7 +522,7 @@ def test_smooth_udf_stops_early_and_is_conservative() -> None:
 
     data = np.linspace(0, 1, 1000)
     release = smooth_udf(mean_fn, local_sensitivity, data, (0, 1), 1.0, 1e-6, source=SeededRandom(1))
-    beta = smooth_parameters(1.0, 1e-6).beta_sensitivity
+    beta = smooth_parameters(1.0 * (1 - SCALE_SHARE), 1e-6).beta_sensitivity
     expected = max(math.exp(-beta * k) * 0.001 * (k + 1) for k in range(2000))
     assert release.diagnostics["smooth_sensitivity"] == pytest.approx(expected)
     assert len(calls) < 400  # stopped once e^(-beta k) (hi - lo) fell below the maximum

@@ -39,7 +39,7 @@ def conn(tmp_path_factory: pytest.TempPathFactory):
     u = np.repeat(np.arange(UNITS), 2)
     x = np.clip(rng.normal(40, 10, size=u.size), 0, 100).round()
     g = np.where(u % 2 == 0, "a", "b")
-    data = pa.table({"u": u, "g": g, "x": x})
+    data = pa.table({"u": u, "g": g, "x": x})  # noqa: F841 - read by DuckDB (FROM data)
     path = tmp_path_factory.mktemp("udf") / "u.duckdb"
     with duckdb.connect(str(path)) as c:
         c.execute("CREATE TABLE t AS SELECT * FROM data")
@@ -54,7 +54,9 @@ def test_median_is_accurate_and_names_its_mechanism(conn) -> None:
         (value,) = res.fetchall()[0]
         hits += abs(value - 40) <= 3
     assert hits >= 18  # weak bound that cannot flake; measured figures are in the notes
-    assert res.privacy.columns["m"].mechanism in ("smooth_sensitivity", "ptr")
+    # chosen by modelled error: at ~4,000 units and epsilon 1, sample-and-aggregate and smooth
+    # sensitivity (which spends 20% on the private bound behind its ±) are close
+    assert res.privacy.columns["m"].mechanism in ("smooth_sensitivity", "ptr", "sample_and_aggregate")
     assert any("median" in n for n in res.privacy.notes)
 
 
@@ -122,7 +124,7 @@ def test_forced_ptr_refusal_is_charged_and_null(tmp_path: Path) -> None:
     # the gap), so PTR refuses with overwhelming probability, and the refusal is charged.
     path = tmp_path / "gap.duckdb"
     n = 20_000  # enough units that the data-independent proposal is well below the range
-    data = pa.table({"u": np.arange(n), "g": ["a"] * n, "x": np.where(np.arange(n) < n // 2, 0.0, 100.0)})
+    data = pa.table({"u": np.arange(n), "g": ["a"] * n, "x": np.where(np.arange(n) < n // 2, 0.0, 100.0)})  # noqa: F841 - read by DuckDB
     with duckdb.connect(str(path)) as c:
         c.execute("CREATE TABLE t AS SELECT * FROM data")
     with dpsql.connect(path, policy=parse_policy(POLICY), analyst="u") as conn:

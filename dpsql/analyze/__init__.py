@@ -25,6 +25,7 @@ every measurement (:mod:`~dpsql.analyze.calibrate`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import sqlglot.expressions as exp
 
@@ -119,7 +120,7 @@ def group_keys(ctx: Context) -> None:
 def check_where(ctx: Context) -> None:
     """Pass: every row-level condition, typed and total (:mod:`dpsql.analyze.predicates`)."""
     sql = ctx.sql
-    conditions = [predicates.check_where(sql, c, lambda col, s=inner: resolve(s, col)) for c, inner in ctx.pending]
+    conditions = [predicates.check_where(sql, c, partial(resolve, inner)) for c, inner in ctx.pending]
     where = ctx.select.args.get("where")
     if where is not None:
         conditions.append(predicates.check_where(sql, where.this, lambda column: resolve(ctx.scope, column)))

@@ -99,7 +99,7 @@ def split_budget(ctx: Context) -> None:
     # a UDF reads up to max_rows_per_unit (sample-and-aggregate blocks are whole units).
     ctx.value_releases = tuple(
         ValueRelease(
-            agg.name, target, col.policy.name, col.entry.canonical, part_eps / l0, part_dlt / l0,  # type: ignore[arg-type]
+            agg.name, target, col.policy.name, col.entry.canonical, part_eps / l0, part_dlt / l0,
             1 if isinstance(target, QuantileSpec) else max_rows,
         )
         for agg, target, col in ctx.values.values()

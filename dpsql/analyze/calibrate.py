@@ -24,7 +24,7 @@ import sqlglot.expressions as exp
 
 from dpsql.errors import InternalError, QueryRejected
 from dpsql.noise import gaussian_noise, gdp_mu, laplace_noise
-from dpsql.plan import SOURCE_ALIAS, Measurement, MeasurementKind, Selection
+from dpsql.plan import SOURCE_ALIAS, Measurement, MeasurementKind, Noise, Selection
 
 __all__ = ["MeasurementSpec", "calibrate", "fixed_point", "partition_selection", "selection_share"]
 
@@ -185,6 +185,7 @@ def _measure(
     while spread * lattice_units(group_bound, shift) > limit:
         shift += 1
     group_sensitivity = lattice_units(group_bound, shift)
+    noise: Noise
     if mu > 0:
         noise = gaussian_noise(math.sqrt(l0) * group_sensitivity, mu)
     else:

@@ -48,7 +48,7 @@ class Context:
     scope: Scope = field(init=False)
     pending: Pending = field(init=False)
     keys: dict[str, GroupKey] = field(default_factory=dict)
-    condition: exp.Expression | None = None
+    condition: exp.Expr | None = None
     values: dict[str, tuple[Aggregate, object, Resolved]] = field(default_factory=dict)
     aggregates: dict[str, Aggregate] = field(default_factory=dict)
     specs: dict[tuple[str, str | None], MeasurementSpec] = field(default_factory=dict)

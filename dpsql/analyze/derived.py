@@ -90,7 +90,7 @@ def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
     m = table.max_rows_per_unit
     columns: dict[str, ColumnPolicy] = {}
     types: dict[str, str] = {}
-    projections: list[exp.Expression] = []
+    projections: list[exp.Expr] = []
     unit_name: str | None = None
     for item in body.expressions:
         out = item.alias_or_name

@@ -55,7 +55,8 @@ def _is_source_column(ctx: Context, column: exp.Column) -> bool:
 def _select_alias(projections: list[exp.Expression], name: str) -> exp.Expression | None:
     for p in projections:
         if isinstance(p, exp.Alias) and p.alias.casefold() == name.casefold():
-            return p.this
+            aliased: exp.Expression = p.this
+            return aliased
     return None
 
 
@@ -109,7 +110,7 @@ def _add_expression_key(ctx: Context, node: exp.Expression) -> None:
         return
     canonical, family = predicates.check_key(ctx.sql, node, _resolver(ctx))
     inputs: dict[str, tuple[exp.Column, tuple[object, ...]]] = {}
-    listed: list[tuple[exp.Expression, tuple[object, ...]]] = []
+    listed: list[tuple[exp.Column, tuple[object, ...]]] = []
     private = False
     for column in node.find_all(exp.Column):
         resolved = _groupable(ctx, column)

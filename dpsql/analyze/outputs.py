@@ -138,7 +138,7 @@ def _total_output(ctx: Context, node: exp.Expression, boolean: bool) -> exp.Expr
     a string ``married``)."""
     string_keys = {k.name for k in ctx.keys.values() if k.family == "string"}
 
-    def is_key(n: exp.Expression) -> bool:
+    def is_key(n: exp.Expr | None) -> bool:
         return isinstance(n, exp.Column) and n.name in string_keys
 
     def to(n: exp.Expression, kind: str) -> exp.Expression:
@@ -174,7 +174,7 @@ def _total_output(ctx: Context, node: exp.Expression, boolean: bool) -> exp.Expr
     return out
 
 
-def _find_original(node: exp.Expression, replaced: exp.Expression) -> exp.Expression | None:
+def _find_original(node: exp.Expression, replaced: exp.Expr) -> exp.Expr | None:
     for n in node.walk():
         if type(n) is type(replaced):
             return n
@@ -314,13 +314,14 @@ def _argument(ctx: Context, arg: exp.Expression, node: exp.Expression, needs_bou
         raise QueryRejected(str(e).replace("in WHERE or GROUP BY", "in WHERE, GROUP BY or an aggregate's argument", 1)) from None
     text = _source_text(arg)
     if not needs_bounds:
-        return Computed(ColumnPolicy(f"expr:{text}", "filter"), _ENGINE_TYPES.get(family, "VARCHAR"), compiled,
-                        ctx.scope.primary, "")
+        return Computed(ColumnPolicy(f"expr:{text}", "filter"), _ENGINE_TYPES.get(family, "VARCHAR"),
+                        compiled, ctx.scope.primary, "")  # type: ignore[arg-type]  # ref: an expression (Computed)
     if family not in ("number", "boolean"):
         raise reject(f"{_source_text(node)} sums a {family}; aggregate numbers.", ctx.sql, node)
     found = bounds(arg, lambda column: _column_bounds(ctx, column, node))
     policy = ColumnPolicy(f"expr:{text}", "aggregate", bounds=(found.lo, found.hi))
-    return Computed(policy, "DOUBLE", exp.cast(compiled, exp.DataType.build("DOUBLE")), ctx.scope.primary, found.origin)
+    return Computed(policy, "DOUBLE", exp.cast(compiled, exp.DataType.build("DOUBLE")),  # type: ignore[arg-type]  # as above
+                    ctx.scope.primary, found.origin)
 
 
 def _column_bounds(ctx: Context, column: exp.Column, node: exp.Expression) -> tuple[float, float] | None:
@@ -334,8 +335,9 @@ def _column_bounds(ctx: Context, column: exp.Column, node: exp.Expression) -> tu
     if resolved.policy.can_aggregate and resolved.policy.bounds is not None:
         return resolved.policy.bounds
     values = resolved.policy.public_values
-    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        return min(values), max(values)  # type: ignore[type-var]
+    numbers = [v for v in values or () if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if values and len(numbers) == len(values):
+        return min(numbers), max(numbers)
     if predicates.family(resolved.dtype) == "boolean":
         return 0, 1
     return None

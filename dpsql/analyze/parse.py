@@ -10,8 +10,6 @@ names what is wrong, says how to fix it, and underlines the offending text::
 
 from __future__ import annotations
 
-import sqlglot
-import sqlglot.errors
 import sqlglot.expressions as exp
 
 from dpsql.diagnose import parse_statements, span
@@ -22,7 +20,7 @@ __all__ = ["parse_select", "point_at", "reject"]
 DIALECT = "duckdb"
 
 
-def point_at(sql: str, node: exp.Expression | None) -> str:
+def point_at(sql: str, node: exp.Expr | None) -> str:
     """Underline ``node``'s text inside ``sql`` (empty when its position is unknown).
 
     >>> import sqlglot
@@ -43,7 +41,7 @@ def point_at(sql: str, node: exp.Expression | None) -> str:
     return f"  {line}\n  {' ' * (start - line_start)}{'^' * width}"
 
 
-def reject(message: str, sql: str, node: exp.Expression | None = None) -> QueryRejected:
+def reject(message: str, sql: str, node: exp.Expr | None = None) -> QueryRejected:
     """A :class:`QueryRejected` whose message ends with the underlined SQL."""
     where = point_at(sql, node)
     return QueryRejected(f"{message}\n{where}" if where else message)

@@ -48,9 +48,8 @@ import datetime as dt
 import itertools
 import math
 import re
-import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import duckdb
 import sqlglot.expressions as exp
@@ -58,7 +57,8 @@ import sqlglot.expressions as exp
 from dpsql import sqltypes
 from dpsql.analyze.parse import reject
 from dpsql.diagnose import quote
-from dpsql.errors import PolicyError
+from dpsql.errors import PolicyError, first_line
+from dpsql.hardened import scratch_rows
 from dpsql.intervals import ANALYST_CLAMP
 from dpsql.policy import ColumnPolicy
 from dpsql.policy.schema import public_values_problem
@@ -70,10 +70,13 @@ __all__ = [
 ]
 
 
-class _Resolved(Protocol):
-    policy: ColumnPolicy
-    dtype: str
-    ref: exp.Column
+class _Resolved(Protocol):  # read-only: scope.Resolved is frozen
+    @property
+    def policy(self) -> ColumnPolicy: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def ref(self) -> exp.Column: ...
 
 
 Resolver = Callable[[exp.Column], _Resolved]
@@ -191,9 +194,9 @@ class _Checker:
         """Replace every string operand by ``TRY_CAST(it AS target)`` (in place)."""
         for i, o in enumerate(operands):
             if o.type.family == "string" and not o.is_literal:
-                operands[i] = Operand(target, exp.TryCast(this=o.expr.copy(), to=exp.DataType.build(target.name)))
+                operands[i] = Operand(target, exp.TryCast(this=o.tree.copy(), to=exp.DataType.build(target.name)))
             elif o.type.family == "literal":
-                operands[i] = Operand(target, exp.TryCast(this=o.expr.copy(), to=exp.DataType.build(target.name)))
+                operands[i] = Operand(target, exp.TryCast(this=o.tree.copy(), to=exp.DataType.build(target.name)))
         if target.family == "number":
             return sqltypes.DOUBLE
         return target
@@ -387,7 +390,7 @@ class _Checker:
         inner = self.value(node.this)
         if inner.is_literal and inner.type.family == "literal" and target.family in ("date", "timestamp"):
             self.check_temporal_literal(inner.text or "", target, node)
-        source = self.emit(inner) if not inner.is_literal or inner.type.family != "literal" else inner.expr.copy()
+        source = self.emit(inner) if not inner.is_literal or inner.type.family != "literal" else inner.tree.copy()
         if inner.type.family == "null":
             return Operand(target, exp.Null())
         if inner.type.family == "date" and target.family == "timestamp":
@@ -441,7 +444,7 @@ class _Checker:
             raise reject(f"{text!r} is not an ISO {fam} (write e.g. {example}).", self.sql, node) from None
 
 
-_DATE_PARTS = {
+_DATE_PARTS: dict[type[exp.Expr], str] = {
     exp.Year: "year", exp.Month: "month", exp.Day: "day", exp.DayOfWeek: "dayofweek", exp.DayOfYear: "dayofyear",
     exp.Quarter: "quarter", exp.Hour: "hour", exp.Minute: "minute", exp.Second: "second", exp.Week: "week",
 }
@@ -460,18 +463,21 @@ def _date_part_of(node: exp.Expression) -> str | None:
     if isinstance(node, exp.Anonymous) and node.name.lower() in ("date_part", "datepart") and len(node.expressions) == 2:
         first = node.expressions[0]
         if isinstance(first, exp.Literal) and first.is_string and first.this.lower() in _PART_NAMES:
-            return first.this.lower()
+            return str(first.this).lower()
     if isinstance(node, exp.Anonymous) and node.name.lower() in _PART_NAMES and len(node.expressions) == 1:
         return node.name.lower()
     return None
 
 
 def _date_part_arg(node: exp.Expression) -> exp.Expression:
+    arg: exp.Expression
     if isinstance(node, exp.Extract):
-        return node.expression
-    if isinstance(node, exp.Anonymous):
-        return node.expressions[-1]
-    return node.this
+        arg = node.expression
+    elif isinstance(node, exp.Anonymous):
+        arg = node.expressions[-1]
+    else:
+        arg = node.this
+    return arg
 
 
 def check_where(sql: str, condition: exp.Expression, resolve: Resolver) -> exp.Expression:
@@ -488,7 +494,7 @@ def check_key(sql: str, node: exp.Expression, resolve: Resolver) -> tuple[exp.Ex
     return checker.emit(value), "string" if fam == "literal" else fam
 
 
-def join_equality(sql: str, left: _Resolved, right: _Resolved, node: exp.Expression) -> exp.Expression:
+def join_equality(sql: str, left: _Resolved, right: _Resolved, node: exp.Expr | None) -> exp.Expression:
     """``left = right`` for a JOIN ... ON, in the keys' common type, or a refusal: the types
     must match in family and, for numbers, have an exact common type (an inexact one could
     join two people's rows); dates and timestamps must be of one type."""
@@ -517,6 +523,10 @@ def _a(noun: str) -> str:
     return f"{'an' if noun[:1].upper() in 'AEIOU' else 'a'} {noun}"
 
 
+def _literal(value: object) -> exp.Expression:
+    return cast(exp.Expression, exp.convert(value))  # sqlglot types convert() as the Expr trait
+
+
 def member(column: exp.Expression, dtype: str, values: tuple[object, ...]) -> exp.Expression:
     """``column IN (values)`` for a key's listed values, in their common type (the policy's
     public_values are checked against the column's family when it is loaded)."""
@@ -524,11 +534,11 @@ def member(column: exp.Expression, dtype: str, values: tuple[object, ...]) -> ex
     operands = [Operand(kind, column.copy())]
     for v in values:
         if isinstance(v, bool) or v is None:
-            operands.append(Operand(sqltypes.BOOLEAN if v is not None else sqltypes.NULL, exp.convert(v)))
+            operands.append(Operand(sqltypes.BOOLEAN if v is not None else sqltypes.NULL, _literal(v)))
         elif isinstance(v, (int, float)):
             operands.append(sqltypes.number_literal(str(v) if isinstance(v, int) else repr(v)))
         else:
-            operands.append(Operand(_TEXT, exp.convert(v), str(v)))
+            operands.append(Operand(_TEXT, _literal(v), str(v)))
     typed = [o for o in operands if o.type.family not in ("null",)]
     target = sqltypes.common_number(typed) if kind.family == "number" else kind
     this, *items = (sqltypes.cast(o, target) for o in operands)
@@ -538,8 +548,6 @@ def member(column: exp.Expression, dtype: str, values: tuple[object, ...]) -> ex
 #: Expression keys over public columns are enumerated only up to this many input combinations.
 MAX_ENUMERATED = 100_000
 
-_scratch_lock = threading.Lock()
-_scratch: list[duckdb.DuckDBPyConnection] = []
 
 
 def enumerate_key(
@@ -562,16 +570,10 @@ def enumerate_key(
     )
     query = exp.select(exp.alias_(local, "k", quoted=True)).from_(values).distinct()
     query = query.order_by(exp.column("k", quoted=True))
-    with _scratch_lock:
-        if not _scratch:
-            con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
-            _scratch.append(con)
-        try:
-            result = _scratch[0].sql(query.sql(dialect="duckdb")).fetchall()
-        except duckdb.Error as e:
-            raise reject(f"this GROUP BY expression cannot be evaluated: {str(e).splitlines()[0]}", sql, node) from None
+    try:
+        result = scratch_rows(query.sql(dialect="duckdb"))
+    except duckdb.Error as e:
+        raise reject(f"this GROUP BY expression cannot be evaluated: {first_line(e)}", sql, node) from None
     return tuple(r[0] for r in result)
 
 

@@ -200,6 +200,7 @@ def build_scope(
     ctes = _ctes(sql, select)
     pending: Pending = []
     from_ = select.args.get("from_") or select.args.get("from")
+    assert from_ is not None, "the clause checks refuse a query without FROM"
     first = _add(scope, from_.this, ctes, schema, pending, join=None)
     if first.table.public:
         raise reject(
@@ -312,7 +313,7 @@ def _link_query(scope: Scope, table: TablePolicy, schema: Mapping[str, Mapping[s
         inner, unit_type = _link_query(scope, target, schema, depth + 1)
         source: exp.Expression = inner.subquery(exp.to_identifier(parent, quoted=True))
         unit = exp.column(LINKED_UNIT, table=parent, quoted=True)
-        parent_types = {**schema[target.name.casefold()], LINKED_UNIT: unit_type}
+        parent_types: Mapping[str, str] = {**schema[target.name.casefold()], LINKED_UNIT: unit_type}
     else:
         source = exp.Table(this=exp.to_identifier(target.name, quoted=True),
                            alias=exp.TableAlias(this=exp.to_identifier(parent, quoted=True)))
@@ -402,7 +403,7 @@ def _projection(scope: Scope, body: exp.Select, inner: Entry) -> dict[str, str] 
     return renames
 
 
-def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expression:
+def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expr:
     sql = scope.sql
     side = (join.side or "").upper()
     kind = (join.kind or "").upper()

@@ -175,7 +175,7 @@ class _Runner:
 
     def __init__(self, database: str | os.PathLike[str], policy: Policy,
                  setup: Callable[[Connection], None] | None) -> None:
-        self._open = lambda: connect(database, policy, _AUDITOR, Ledger(None), repeats=False)
+        self._open: Callable[[], Connection] = lambda: connect(database, policy, _AUDITOR, Ledger(None), repeats=False)
         self._setup = setup
         self.conn = self._connect()
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from dpsql.connection import Connection
 from dpsql.errors import Error
+from dpsql.policy import Policy
 
 __all__ = ["SHAPES", "Shape", "register_demo_udfs", "run_audit"]
 
@@ -72,7 +73,7 @@ def _median_local_sensitivity(values: np.ndarray, k: int) -> float:
     return float(hi - lo)
 
 
-def run_audit(args: argparse.Namespace, demo_database: Callable[[int], Path], demo_policy: Callable[[], object]) -> int:
+def run_audit(args: argparse.Namespace, demo_database: Callable[[int], Path], demo_policy: Callable[[], Policy]) -> int:
     """Run the audits the arguments ask for and print a report; the exit code says the verdict."""
     from dpsql.audit import AuditReport, audit  # noqa: PLC0415 - scipy loads slowly
 
@@ -98,7 +99,7 @@ def run_audit(args: argparse.Namespace, demo_database: Callable[[int], Path], de
                        runs=args.runs, neighbour=args.neighbour, unit_rows=args.unit_rows,
                        unit_groups=args.unit_groups, confidence=args.confidence,
                        setup=register_demo_udfs if args.db is None else None,
-                       progress=sys.stderr, samples=samples)  # type: ignore[arg-type]
+                       progress=sys.stderr, samples=samples)
         print(report.format(), flush=True)
         if args.histogram:
             from dpsql.audit.plot import plot_audit  # noqa: PLC0415 - matplotlib loads slowly

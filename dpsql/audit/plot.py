@@ -41,7 +41,7 @@ def plot_audit(path: str | os.PathLike[str], report: AuditReport,
             numbers[side] = x[~np.isnan(x)]
         finite = np.concatenate([x[np.isfinite(x)] for x in numbers.values()])
         if finite.size:
-            bins = np.histogram_bin_edges(finite, bins=40)
+            bins = np.histogram_bin_edges(finite, bins=40).tolist()
             for side, color in (("D", "tab:blue"), ("D'", "tab:orange")):
                 missing = len(values[side]) - numbers[side].size
                 label = f"{side}: {len(values[side])} runs" + (f", {missing} missing/NULL" if missing else "")

@@ -32,7 +32,7 @@ percentiles of the first half's values, and ``x == v`` for a cell that is not a 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,9 +74,9 @@ class Event:
             return ~missing
         if self.kind == "equals":
             return np.array([not m and v == self.threshold for v, m in zip(values, missing)], dtype=bool)
-        numbers = np.array([np.nan if m else float(v) for v, m in zip(values, missing)])  # type: ignore[arg-type]
+        numbers = np.array([np.nan if m else float(v) for v, m in zip(values, missing)])
         with np.errstate(invalid="ignore"):
-            return numbers > self.threshold if self.kind == "above" else numbers <= self.threshold  # type: ignore[operator,no-any-return]
+            return numbers > self.threshold if self.kind == "above" else numbers <= self.threshold
 
 
 def cell_label(cell: Cell) -> str:
@@ -89,7 +89,7 @@ def cell_label(cell: Cell) -> str:
     if keys == [TOTAL]:
         return f"{column}, total over all groups"
     label = f"[{', '.join(map(str, keys))}] " if keys else ""
-    if occurrence:
+    if isinstance(occurrence, int) and occurrence:
         label += f"({occurrence + 1}{'nd' if occurrence == 1 else 'th'}) "
     return f"{label}{column}"
 
@@ -211,7 +211,7 @@ def _event_counts(cell: Cell, a0: npt.NDArray[np.object_], a1: npt.NDArray[np.ob
     return events, np.array(k0), np.array(k1)
 
 
-def numbers_of(values: Sequence[object]) -> npt.NDArray[np.float64]:
+def numbers_of(values: Iterable[object]) -> npt.NDArray[np.float64]:
     """The values as floats, NaN where one is missing, NULL or not a number."""
     return np.array([float(v) if is_number(v) else np.nan for v in values], dtype=float)  # type: ignore[arg-type]
 

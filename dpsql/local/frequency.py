@@ -179,7 +179,8 @@ class CategoryReports:
                 chunk = np.unpackbits(self.bits[start:start + rows], axis=1, count=d)  # type: ignore[index]
                 total += chunk.sum(axis=0, dtype=np.int64)
             return total
-        a, b = np.divmod(self.keys, HASH_PRIME)  # type: ignore[call-overload]
+        assert self.keys is not None, "OLH reports carry their hash keys"
+        a, b = np.divmod(self.keys, HASH_PRIME)
         return np.array([int(np.count_nonzero(_hash(a, b, v, self.oracle.buckets) == self.items))
                          for v in range(d)], dtype=np.int64)
 
@@ -187,7 +188,7 @@ class CategoryReports:
         """Unbiased counts per category, with their variances (true counts plugged in as
         the estimates, clipped into ``[0, n]``)."""
         n, o = len(self), self.oracle
-        counts = (self.support() - n * o.q) / (o.p - o.q)
+        counts = np.asarray((self.support() - n * o.q) / (o.p - o.q), dtype=np.float64)
         return CountEstimate(counts, o.variance(n, np.clip(counts, 0, n)), n)
 
 

@@ -42,13 +42,13 @@ from dpsql.errors import PolicyViolation, QueryRejected
 from dpsql.local.reporter import ColumnMechanism, mechanisms_for
 from dpsql.local.frequency import CategoryReports
 from dpsql.local.store import ReportStore
-from dpsql.policy import Policy, TablePolicy
+from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
 __all__ = ["answer", "references_local_table"]
 
 _Z95 = 1.959963984540054
-_AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg"}
+_AGGREGATES: dict[type[exp.Expr], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg"}
 _UNANSWERABLE = {
     "where": "a WHERE relates the filtered column to the others of the same record, but each "
              "column's reports were shuffled apart, so no report knows the other columns; ask "
@@ -155,7 +155,7 @@ def _group_key(select: exp.Select, table: TablePolicy, sql: str) -> str | None:
     return name
 
 
-def _column(table: TablePolicy, name: str):  # type: ignore[no-untyped-def]
+def _column(table: TablePolicy, name: str) -> ColumnPolicy:
     column = table.columns.get(name.casefold())
     if column is None:
         raise PolicyViolation(f"column {name!r} is not in local table {table.name!r} "
@@ -230,10 +230,11 @@ def _ungrouped(sql: str, table: TablePolicy, items: list[_Item], mechanisms: dic
         mechanism = mechanisms[item.column].range  # type: ignore[index]
         bundle = reports[item.column]  # type: ignore[index]
         data = np.zeros(0) if bundle is None else bundle.values  # type: ignore[attr-defined]
-        estimate, variance = _sum_estimate(data, mechanism)  # type: ignore[arg-type]
+        total, variance = _sum_estimate(data, mechanism)
+        estimate: float | None = total
         if item.function == "avg":
             n = data.size
-            estimate = estimate / n if n else None
+            estimate = total / n if n else None
             variance = variance / n**2 if n else math.nan
         values[item.name] = [estimate]
         std = math.sqrt(variance) if math.isfinite(variance) else None
@@ -292,5 +293,5 @@ def _result(sql: str, table: TablePolicy, arrow: pa.Table, cells: dict[str, list
            "reports per column; post-processing of already private reports, so no central "
            "budget is charged. Intervals: 95%, from the mechanisms' variances")
     result = Result(arrow, PrivacyReport(0.0, 0.0, columns, (why, *notes)), Accuracy(cells), sql)
-    result.cached = False  # type: ignore[attr-defined]
+    result.cached = False
     return result

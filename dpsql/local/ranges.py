@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from dpsql.local._common import ReportError, bernoulli, check_epsilon, exact_threshold, source_or_default, threshold
 from dpsql.noise import RandomSource
+from dpsql.noise._checks import finite_number
 
 __all__ = ["AdaptiveRange", "perturb"]
 
@@ -161,12 +162,7 @@ def perturb(values: npt.ArrayLike, lower: float, upper: float, epsilon: float, *
 
 
 def _finite(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ReportError(f"{what} must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ReportError(f"{what} must be finite, got {number!r}; give finite bounds")
-    return number
+    return finite_number(value, what, ReportError, " Give finite bounds.")
 
 
 def _values(values: npt.ArrayLike) -> FloatArray:

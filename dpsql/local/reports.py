@@ -52,8 +52,7 @@ class Reports:
     def __post_init__(self) -> None:
         sizes = {len(a) for a in self._arrays().values()}
         if len(sizes) != 1:
-            raise InternalError(f"a report bundle needs equally long arrays, got {sizes}. "
-                                "This is probably a bug in dpsql.")
+            raise InternalError(f"a report bundle needs equally long arrays, got {sizes}.")
 
     def _arrays(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name in _FIELDS if getattr(self, name) is not None}
@@ -76,8 +75,7 @@ class Reports:
         """One bundle of every report of ``bundles`` (which must share their key)."""
         first = bundles[0]
         if any(b.key != first.key or b._arrays().keys() != first._arrays().keys() for b in bundles):
-            raise InternalError("only bundles of one column and one mechanism can be pooled. "
-                                "This is probably a bug in dpsql.")
+            raise InternalError("only bundles of one column and one mechanism can be pooled.")
         arrays = {name: np.concatenate([getattr(b, name) for b in bundles])
                   for name in first._arrays()}
         return Reports(first.table, first.column, first.params, **arrays)

@@ -23,6 +23,7 @@ import numpy as np
 from dpsql.local._common import ReportError
 from dpsql.local.reports import Reports
 from dpsql.local.shuffle import Batch
+from dpsql.sqlitefile import make_durable, open_database, write_transaction
 
 __all__ = ["ReportStore", "open_report_store"]
 
@@ -56,12 +57,7 @@ class ReportStore:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         target = ":memory:" if path is None else os.fspath(path)
         try:
-            self._db = sqlite3.connect(target, isolation_level=None, check_same_thread=False, timeout=30)
-            if target != ":memory:":
-                self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            for statement in _SCHEMA:
-                self._db.execute(statement)
+            self._db = open_database(None if target == ":memory:" else target, _prepare)
         except sqlite3.Error as exc:
             raise ReportError(f"{target}: cannot open the report store: {exc}; check the path "
                               "and that it is a report store (a SQLite file)") from exc
@@ -81,19 +77,13 @@ class ReportStore:
         if small:
             raise ReportError(f"a pool of {len(small[0])} reports is below the batch's k = {batch.k}; "
                               "release batches only through Shuffler.release()")
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                cursor = self._db.execute("INSERT INTO batches (size, k) VALUES (?, ?)", (len(batch), batch.k))
-                number = cursor.lastrowid
-                for pool in batch.pools:
-                    self._db.executemany(
-                        "INSERT INTO reports (batch, tbl, col, params, value, item, key, bits) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _rows(number, pool))  # type: ignore[arg-type]
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._lock, write_transaction(self._db):
+            cursor = self._db.execute("INSERT INTO batches (size, k) VALUES (?, ?)", (len(batch), batch.k))
+            number = cursor.lastrowid
+            for pool in batch.pools:
+                self._db.executemany(
+                    "INSERT INTO reports (batch, tbl, col, params, value, item, key, bits) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _rows(number, pool))  # type: ignore[arg-type]
         return len(batch)
 
     def counts(self, table: str, column: str) -> dict[str, int]:
@@ -126,6 +116,12 @@ class ReportStore:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    make_durable(db)
+    for statement in _SCHEMA:
+        db.execute(statement)
 
 
 def _rows(batch: int, pool: Reports) -> list[tuple[object, ...]]:

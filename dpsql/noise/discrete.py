@@ -61,7 +61,7 @@ class DiscreteLaplace:
         object.__setattr__(self, "s", int(self.s))
         if self.t > _MAX_LAPLACE_SCALE * self.s:
             raise InternalError(f"discrete Laplace scale {self.t}/{self.s} exceeds 2**56 "
-                                "lattice steps; use a coarser lattice. This is probably a bug.")
+                                "lattice steps; use a coarser lattice.")
 
     @property
     def scale(self) -> float:
@@ -197,7 +197,7 @@ def laplace_noise(sensitivity: int, epsilon: float, denominator_bits: int = 10) 
     t = max(1, math.ceil(Fraction(int(sensitivity) * s) / _exact(epsilon)))
     if t >= _PARAM_LIMIT:
         raise InternalError(f"Laplace scale {sensitivity}/{epsilon} is too large for the "
-                            "lattice. This is probably a bug in dpsql.")
+                            "lattice.")
     return DiscreteLaplace(t, s)
 
 
@@ -234,8 +234,7 @@ def gaussian_noise(sensitivity_l2: float, mu: float) -> DiscreteGaussian:
     sigma = _exact(sensitivity_l2) / _exact(mu) * (1 + Fraction(1, 10**9))
     t, m = _factor_variance(sigma * sigma + DISCRETE_VARIANCE_MARGIN)
     if 2 * t * m > _INT64_MAX:
-        raise InternalError(f"Gaussian sigma {float(sigma):.4g} is too large for the lattice. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"Gaussian sigma {float(sigma):.4g} is too large for the lattice.")
     return DiscreteGaussian(t, m)
 
 
@@ -255,5 +254,5 @@ def _factor_variance(variance: Fraction) -> tuple[int, int]:
         key = (t * m, abs(t - sigma), t, m)
         best = key if best is None or key < best else best
     if best is None:
-        raise InternalError(f"no factorisation for variance {variance}. This is a bug.")
+        raise InternalError(f"no factorisation for variance {variance}.")
     return best[2], best[3]

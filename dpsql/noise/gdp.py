@@ -44,8 +44,7 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     """
     _check_nonnegative("epsilon", epsilon)
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        raise InternalError(f"delta must be in (0, 1), got {delta!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"delta must be in (0, 1), got {delta!r}.")
     lo, hi = _bracket_mu(epsilon, delta)
     while hi / lo > 1 + 1e-12:
         mid = math.sqrt(lo * hi)
@@ -69,8 +68,7 @@ def _bracket_mu(epsilon: float, delta: float) -> tuple[float, float]:
             mu /= 2
             if gdp_delta(mu, epsilon) <= delta:
                 return mu, 2 * mu
-    raise InternalError(f"cannot calibrate GDP for epsilon={epsilon}, delta={delta}. "
-                        "This is probably a bug in dpsql.")
+    raise InternalError(f"cannot calibrate GDP for epsilon={epsilon}, delta={delta}.")
 
 
 def gaussian_sigma(sensitivity_l2: float, epsilon: float, delta: float) -> float:

@@ -61,7 +61,8 @@ def _bernoulli_scaled(source: RandomSource, num: IntArray, den: IntArray | int,
         if den <= _INT64_MAX // k:
             return _uniform_below_scalar(source, den * k, n) < num
         first = _uniform_below_scalar(source, den, n) < num
-        return first & (_uniform_below_scalar(source, k, n) == 0)
+        both: BoolArray = first & (_uniform_below_scalar(source, k, n) == 0)
+        return both
     fits = den <= _INT64_MAX // k
     if fits.all():
         return _uniform_below_array(source, den * k) < num
@@ -130,7 +131,7 @@ def _bernoulli_exp_minus_one(source: RandomSource, n: int) -> BoolArray:
     """
     u = _uniform_below_scalar(source, math.factorial(_FACTORIAL_N), n)
     passed = _FACTORIAL_N - np.searchsorted(_FACTORIAL_STEPS, u, side="right")  # = K - 1
-    result = passed % 2 == 0  # K odd
+    result: BoolArray = passed % 2 == 0  # K odd
     active = np.flatnonzero(passed == _FACTORIAL_N)
     k = _FACTORIAL_N + 1
     while active.size:
@@ -191,12 +192,10 @@ def bernoulli_exp(source: RandomSource, num: npt.ArrayLike, den: npt.ArrayLike) 
     """
     nums, dens = np.broadcast_arrays(_int_array(num), _int_array(den))
     if nums.dtype.kind not in "iu" or dens.dtype.kind not in "iu":
-        raise InternalError(f"bernoulli_exp needs integers, got {nums.dtype} / {dens.dtype}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"bernoulli_exp needs integers, got {nums.dtype} / {dens.dtype}.")
     nums, dens = nums.astype(np.int64).ravel(), dens.astype(np.int64).ravel()
     if nums.size and (nums.min() < 0 or dens.min() < 1):
-        raise InternalError("bernoulli_exp needs num >= 0 and den >= 1. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError("bernoulli_exp needs num >= 0 and den >= 1.")
     whole, rem = np.divmod(nums, dens)
     same = dens.size > 0 and bool((dens == dens[0]).all())
     out = _bernoulli_exp_parts(source, whole, rem, int(dens[0]) if same else dens)
@@ -272,7 +271,8 @@ def _laplace_attempt(source: RandomSource, t: int, s: int, n: int) -> IntArray:
     y = _laplace_magnitude(u[keep], v, t, s)
     negative = _random_bits(source, keep.size)
     ok = ~(negative & (y == 0))
-    return np.where(negative, -y, y)[ok]
+    signed: IntArray = np.where(negative, -y, y)[ok]
+    return signed
 
 
 def _laplace_magnitude(u: IntArray, v: IntArray, t: int, s: int) -> IntArray:
@@ -291,7 +291,7 @@ def _laplace_magnitude(u: IntArray, v: IntArray, t: int, s: int) -> IntArray:
         magnitude = (int(u[i]) + t * int(v[i])) // s
         if magnitude > _INT64_MAX:
             raise InternalError(f"discrete Laplace draw {magnitude} does not fit int64 (scale "
-                                f"{t}/{s}). Use a coarser lattice. This is probably a bug.")
+                                f"{t}/{s}). Use a coarser lattice.")
         out[i] = magnitude
     return out
 
@@ -337,10 +337,10 @@ def _check_gaussian_params(t: int, m: int) -> None:
     Algorithm 3 accepts so few proposals that sampling would effectively hang."""
     if 2 * t * m > _INT64_MAX:
         raise InternalError(f"discrete Gaussian sigma^2 = {t}*{m} is too large (2 sigma^2 "
-                            "must fit int64). This is probably a bug in dpsql.")
+                            "must fit int64).")
     if m > 4 * t or (t - 1) ** 2 > 4 * t * m:
         raise InternalError(f"discrete Gaussian t={t} is too far from sigma={math.sqrt(t * m):.4g}"
-                            " (need sigma/2 <= t <= 2 sigma + 1). This is probably a bug.")
+                            " (need sigma/2 <= t <= 2 sigma + 1).")
 
 
 def _gaussian_exponent(y: IntArray, m: int, den: int) -> tuple[IntArray, IntArray]:

@@ -47,7 +47,7 @@ class SystemRandom:
     def __init__(self, chunk_bytes: int = 1 << 20) -> None:
         if chunk_bytes < 8 or chunk_bytes % 8:
             raise InternalError(f"SystemRandom chunk_bytes must be a positive multiple of 8, "
-                                f"got {chunk_bytes}. This is probably a bug in dpsql.")
+                                f"got {chunk_bytes}.")
         self._chunk = chunk_bytes
         self._lock = threading.Lock()
         self._buffer = b""
@@ -99,7 +99,7 @@ def _random_uints(source: RandomSource, n: int, width: int) -> UIntArray:
     words = source.uint64(count)
     if words.dtype != np.uint64 or words.shape != (count,):
         raise InternalError(f"random source returned {words.dtype} {words.shape}, expected "
-                            f"uint64 ({count},). This is probably a bug in dpsql.")
+                            f"uint64 ({count},).")
     return words.view(_UINT_DTYPES[width])[:n]
 
 
@@ -134,10 +134,9 @@ def uniform_below(source: RandomSource, bound: int | IntArray, n: int) -> IntArr
     if isinstance(bound, np.ndarray):
         if bound.shape != (n,) or bound.dtype.kind not in "iu":
             raise InternalError(f"uniform_below needs {n} integer bounds, got {bound.dtype} "
-                                f"{bound.shape}. This is probably a bug in dpsql.")
+                                f"{bound.shape}.")
         if n and (bound.min() < 1 or bound.max() > _INT64_MAX):
-            raise InternalError("uniform_below bounds must be in [1, 2**63). "
-                                "This is probably a bug in dpsql.")
+            raise InternalError("uniform_below bounds must be in [1, 2**63).")
         return _uniform_below_array(source, bound.astype(np.int64)).astype(np.int64)
     _check_int("bound", bound, 1, _INT64_MAX)
     return _uniform_below_scalar(source, int(bound), n).astype(np.int64)

@@ -19,10 +19,11 @@ machine, Python 3.11, PyPI only):
 
 None has SCRAM-SHA-256 against a stored verifier together with bounded reads, so the v3
 subset dpsql needs is here, threaded like the Flight server (a query blocks on the engine
-anyway), in four small modules: :mod:`~dpsql.pgwire.messages` (framing, bounded reads,
+anyway), in small modules: :mod:`~dpsql.pgwire.messages` (framing, bounded reads,
 type OIDs), :mod:`~dpsql.pgwire.scram` (SCRAM-SHA-256 with hashlib/hmac and the verifier
 file), :mod:`~dpsql.pgwire.statements` (splitting, hints, parameter binding on the sqlglot
 tree), :mod:`~dpsql.pgwire.catalog` (pg_catalog from the policy), :mod:`~dpsql.pgwire.session`
+(the connection), :mod:`~dpsql.pgwire.answer` (one statement)
 and :mod:`~dpsql.pgwire.listener`.
 
 Authentication. Without TLS the server asks for SCRAM-SHA-256, checked against the

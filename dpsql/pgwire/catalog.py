@@ -28,7 +28,8 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.version import __version__
-from dpsql.errors import Error, QueryRejected
+from dpsql.errors import Error, QueryRejected, first_line
+from dpsql.hardened import lock, open_private
 from dpsql.policy import ColumnPolicy, Policy
 
 __all__ = ["CATALOG_SCHEMAS", "Catalog", "SERVER_VERSION", "is_catalog_relation"]
@@ -89,7 +90,7 @@ class Catalog:
 
     def __init__(self, policy: Policy) -> None:
         self._lock = threading.Lock()
-        self._con = duckdb.connect(":memory:", config={"threads": 1, "memory_limit": "256MB"})
+        self._con = open_private(threads=1, memory_limit="256MB")
         con = self._con
         con.execute(f'ATTACH \':memory:\' AS "{DATABASE}"')
         con.execute(f'USE "{DATABASE}"')
@@ -103,8 +104,7 @@ class Catalog:
                 columns.insert(0, ColumnPolicy(table.privacy_unit, "filter"))
             body = ", ".join(f"{_quote(c.name)} {_type_of(c)}" for c in columns) or '"_" VARCHAR'
             con.execute(f"CREATE TABLE {_quote(table.name)} ({body})")
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
+        lock(con)
         self.tables = frozenset(policy.tables)
 
     def answer(self, statement: exp.Expression) -> pa.Table:
@@ -118,7 +118,7 @@ class Catalog:
             except duckdb.InterruptException:
                 raise QueryRejected(f"the catalog query took longer than {TIMEOUT_SECONDS:g} s and was stopped.") from None
             except duckdb.Error as exc:
-                first = str(exc).splitlines()[0]
+                first = first_line(exc)
                 raise Error(f"dpsql cannot answer this catalog query ({first}).") from None
             finally:
                 timer.cancel()
@@ -157,7 +157,7 @@ def is_catalog_relation(table: exp.Table) -> bool:
     return not schema and name.startswith("pg_")
 
 
-def is_catalog_query(statement: exp.Expression, policy_tables: Iterable[str]) -> bool:
+def is_catalog_query(statement: exp.Expr, policy_tables: Iterable[str]) -> bool:
     """A SELECT whose relations are all catalog relations (or none, as in ``SELECT 1``)."""
     if not isinstance(statement, (exp.Select, exp.Union, exp.Intersect, exp.Except)):
         return False
@@ -187,16 +187,17 @@ _TABLE_FUNCTIONS = {"generate_series", "exploding_generate_series", "unnest"}  #
 _OID_TYPES = {"regclass", "regtype", "regproc", "regprocedure", "regnamespace", "regrole", "oid", "regoper"}
 
 
-def rewrite_for_duckdb(tree: exp.Expression) -> exp.Expression:
+def rewrite_for_duckdb(tree: exp.Expr) -> exp.Expr:
     """Rewrite Postgres-only syntax the catalog queries use into what DuckDB runs."""
     for _ in range(3):  # a replaced node's children are not revisited in the same pass
         tree = tree.transform(_rewrite_node)
     return tree
 
 
-def _rewrite_node(node: exp.Expression) -> exp.Expression:
+def _rewrite_node(node: exp.Expr) -> exp.Expr:
     if isinstance(node, exp.Collate):
-        return node.this
+        collated: exp.Expr = node.this
+        return collated
     if isinstance(node, exp.Operator):
         op = str(node.args.get("operator", "")).rsplit(".", 1)[-1].strip()
         pairs = {"~": exp.RegexpLike, "=": exp.EQ, "<>": exp.NEQ, "<": exp.LT, ">": exp.GT,
@@ -271,14 +272,14 @@ _EXTRA_COLUMNS = {  # columns Postgres has and DuckDB's catalog views lack
 }
 
 
-def _extended_relation(table: exp.Table) -> exp.Expression:
+def _extended_relation(table: exp.Table) -> exp.Expr:
     name = table.name.casefold()
     alias = table.alias or table.name
     return sqlglot.parse_one(
         f"(SELECT *, {_EXTRA_COLUMNS[name]} FROM system.pg_catalog.{name}) AS {_quote(alias)}", read="duckdb")
 
 
-def _empty_relation(table: exp.Table) -> exp.Expression:
+def _empty_relation(table: exp.Table) -> exp.Expr:
     """A catalog relation DuckDB lacks, as an empty inline relation with Postgres's columns."""
     columns = _EMPTY_RELATIONS[table.name.casefold()]
     select = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in
@@ -287,13 +288,13 @@ def _empty_relation(table: exp.Table) -> exp.Expression:
     return sqlglot.parse_one(f"(SELECT {select} WHERE false) AS {_quote(alias)}", read="duckdb")
 
 
-def _function_name(node: exp.Expression) -> str:
+def _function_name(node: exp.Expr) -> str:
     if isinstance(node, exp.Anonymous):
         return str(node.name).casefold()
     return node.sql_name().casefold() if isinstance(node, exp.Func) else ""
 
 
-def _rewrite_cast(node: exp.Cast) -> exp.Expression:
+def _rewrite_cast(node: exp.Cast) -> exp.Expr:
     target = node.to
     kind = target.args.get("kind") if isinstance(target, exp.DataType) else None
     name = (kind.name if isinstance(kind, exp.Dot) else target.name if target else "").casefold()

@@ -67,7 +67,7 @@ class PgServer:
         while not self.stopping.is_set():
             try:
                 sock, address = self._listener.accept()
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 continue
             except OSError:
                 if self.stopping.is_set():

@@ -261,7 +261,7 @@ class ScramExchange:
 
 
 def _attributes(text: str) -> dict[str, str]:
-    attrs = {}
+    attrs: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if sep and len(key) == 1:

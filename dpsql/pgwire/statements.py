@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import Token, TokenType
+from sqlglot import Token, TokenType
 
 from dpsql import params
-from dpsql.errors import Error, QueryRejected
+from dpsql.errors import Error, QueryRejected, first_line
 from dpsql.params import bind_tree
 from dpsql.pgwire import messages as m
 
@@ -72,7 +72,7 @@ def _tokens(sql: str) -> list[Token]:
     try:
         return list(sqlglot.tokenize(sql, read=DIALECT))
     except (TokenError, ParseError) as exc:
-        raise SyntaxProblem(f"the SQL does not tokenize: {str(exc).splitlines()[0]}. Check quotes and comments.") from None
+        raise SyntaxProblem(f"the SQL does not tokenize: {first_line(exc)}. Check quotes and comments.") from None
 
 
 def split(sql: str) -> list[Statement]:
@@ -187,7 +187,7 @@ def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
     try:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except (ParseError, TokenError) as exc:
-        raise SyntaxProblem(f"the statement does not parse: {str(exc).splitlines()[0]}") from None
+        raise SyntaxProblem(f"the statement does not parse: {first_line(exc)}") from None
 
     def literal_for(index: int) -> exp.Expression:
         return literal(values[index - 1], oids[index - 1] if index - 1 < len(oids) else 0, index)

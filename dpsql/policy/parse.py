@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from typing import Any
@@ -65,10 +64,6 @@ _LOCAL_TABLE_KEYS = ("columns", "epsilon", "model")
 _LOCAL_COLUMN_KEYS = ("bounds", "categories")
 _CAP_KEYS = ("max_groups_per_unit", "max_rows_per_unit")
 _COLUMN_KEYS = ("access", "bounds", "public_values")
-_NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common aliases
-    r"U?(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|INT[1248]?|LONG|SHORT"
-    r"|FLOAT[48]?|REAL|DOUBLE|(DECIMAL|NUMERIC)(\(\s*\d+\s*(,\s*\d+\s*)?\))?"
-)
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:

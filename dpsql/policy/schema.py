@@ -4,18 +4,12 @@ column's type (what a query would otherwise refuse later)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from dpsql.errors import PolicyError
 from dpsql.policy.model import ColumnPolicy, Policy, TablePolicy
 
 __all__ = ["check_against_schema", "public_values_problem"]
-
-_NUMERIC_TYPE = re.compile(  # DuckDB's numeric type names and their common aliases
-    r"U?(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|INT[1248]?|LONG|SHORT"
-    r"|FLOAT[48]?|REAL|DOUBLE|(DECIMAL|NUMERIC)(\(\s*\d+\s*(,\s*\d+\s*)?\))?"
-)
 
 def check_against_schema(policy: Policy, schema: Mapping[str, Mapping[str, str]]) -> None:
     """Check that the database has every table and column the policy names.
@@ -75,9 +69,9 @@ def _schema_problems(table: TablePolicy, schema: Mapping[str, Mapping[str, str]]
             f"(columns: {', '.join(columns)}); fix privacy_unit"
         )
     if table.privacy_link is not None:
-        column, target, target_column = table.privacy_link
-        if column.casefold() not in columns:
-            problems.append(f"table {table.name!r}: privacy_link column {column!r} is not in the table "
+        link_column, target, target_column = table.privacy_link
+        if link_column.casefold() not in columns:
+            problems.append(f"table {table.name!r}: privacy_link column {link_column!r} is not in the table "
                             f"(columns: {', '.join(columns)}); fix privacy_link")
         if target_column.casefold() not in schema.get(target.casefold(), {}):
             problems.append(f"table {table.name!r}: privacy_link references {target}.{target_column}, which is not "
@@ -96,7 +90,9 @@ def _column_problem(table: TablePolicy, column: ColumnPolicy, columns: Mapping[s
     if kind is None:
         known = ", ".join(columns)
         return f"{place} is not in the table (columns: {known}); fix the name or remove it"
-    if column.bounds is not None and not _NUMERIC_TYPE.fullmatch(kind.strip().upper()):
+    from dpsql.sqltypes import parse_type  # noqa: PLC0415 - loads sqlglot
+
+    if column.bounds is not None and parse_type(kind).family != "number":
         return (
             f"{place}: bounds need a numeric column, but it is {kind}; remove bounds "
             '(use access = "group" or public_values instead)'
@@ -121,7 +117,8 @@ def public_values_problem(column: ColumnPolicy, dtype: str) -> str:
     if values is None:
         return ""
     family = parse_type(dtype).family
-    expected = {"string": str, "number": (int, float), "boolean": bool}.get(family)
+    types_of: dict[str, type | tuple[type, ...]] = {"string": str, "number": (int, float), "boolean": bool}
+    expected = types_of.get(family)
     if expected is not None and all(
         isinstance(v, expected) and (family == "boolean" or not isinstance(v, bool)) for v in values
     ):

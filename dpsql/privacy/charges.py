@@ -80,20 +80,18 @@ class Charge:
     epsilon: float
     delta: float
     query: str
-    mechanisms: tuple[dict[str, Any], ...] | tuple[DpEvent, ...] = field(default=())
+    mechanisms: tuple[dict[str, Any] | DpEvent, ...] = field(default=())
     events: tuple[DpEvent, ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_amount("epsilon", self.epsilon)
         _check_amount("delta", self.delta, upper=1.0)
         if not isinstance(self.query, str):
-            raise InternalError(f"Charge query must be str, got {type(self.query).__name__}. "
-                                "This is probably a bug in dpsql.")
+            raise InternalError(f"Charge query must be str, got {type(self.query).__name__}.")
         given = tuple(self.mechanisms)
         if not all(isinstance(m, dict | DpEvent) for m in given):
-            raise InternalError(f"Charge mechanisms must be dicts or privacy events, got {given!r}. "
-                                "This is probably a bug in dpsql.")
-        events = tuple(m if isinstance(m, DpEvent) else event_from_description(m)  # type: ignore[arg-type]
+            raise InternalError(f"Charge mechanisms must be dicts or privacy events, got {given!r}.")
+        events = tuple(m if isinstance(m, DpEvent) else event_from_description(m)
                        for m in given)
         object.__setattr__(self, "events", events)
         object.__setattr__(self, "mechanisms", tuple(e.describe() for e in events))
@@ -205,13 +203,11 @@ class BudgetStatus:
 def _check_amount(name: str, value: object, upper: float | None = None) -> None:
     """Raise InternalError unless ``value`` is a finite real in ``[0, upper]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InternalError(f"{name} must be a number, got {value!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{name} must be a number, got {value!r}.")
     number = float(value)
     if not math.isfinite(number) or number < 0 or (upper is not None and number > upper):
         bound = f"between 0 and {upper:g}" if upper is not None else "finite and at least 0"
-        raise InternalError(f"{name} must be {bound}, got {value!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{name} must be {bound}, got {value!r}.")
 
 
 def _decimal(value: float) -> Fraction:
@@ -255,8 +251,7 @@ def charge_units(charge: Charge) -> tuple[int, int]:
     """
     units = epsilon_to_units_up(charge.epsilon), delta_to_units_up(charge.delta)
     if units[0] > _MAX_SQLITE_INTEGER:
-        raise InternalError(f"epsilon={charge.epsilon!r} is too large to record. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"epsilon={charge.epsilon!r} is too large to record.")
     return units
 
 
@@ -278,8 +273,7 @@ def _events_json(events: tuple[DpEvent, ...]) -> str:
     try:
         return encode(events)
     except (TypeError, ValueError) as exc:
-        raise InternalError(f"Charge mechanisms are not JSON-able ({exc}). "
-                            "This is probably a bug in dpsql.") from exc
+        raise InternalError(f"Charge mechanisms are not JSON-able ({exc}).") from exc
 
 
 def _format_amount(value: float) -> str:

@@ -55,12 +55,11 @@ Example:
 from __future__ import annotations
 
 import os
-import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import NamedTuple
 
@@ -91,6 +90,7 @@ from dpsql.privacy.charges import (
     units_to_epsilon,
 )
 from dpsql.privacy.events import decode
+from dpsql.sqlitefile import guarded, make_durable, open_database, write_transaction
 
 __all__ = ["Ledger"]
 #: The file's schema. Each row's ``mechanisms`` carries its own version: typed privacy events
@@ -98,7 +98,6 @@ __all__ = ["Ledger"]
 #: list of descriptions before; both are read.
 SCHEMA_VERSION = 1
 LEDGER_FORMAT = "dpsql-ledger"
-BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -237,28 +236,15 @@ class Ledger:
 
     # -- private ------------------------------------------------------------------------
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> AbstractContextManager[None]:
         """Hold the lock; turn a database failure into a :class:`~dpsql.errors.Error`."""
-        with self._lock:
-            try:
-                yield
-            except sqlite3.Error as exc:
-                raise Error(f"The budget ledger {self!r} failed: {exc}. If the "
-                            "ledger is closed, open a new one; otherwise check "
-                            "that its file is readable and writable.") from exc
+        return guarded(self._lock, lambda exc: Error(
+            f"The budget ledger {self!r} failed: {exc}. If the ledger is closed, open a new "
+            "one; otherwise check that its file is readable and writable."))
 
-    @contextmanager
-    def _write_transaction(self) -> Iterator[None]:
+    def _write_transaction(self) -> AbstractContextManager[None]:
         """Run the body in ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any error."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
+        return write_transaction(self._conn)
 
     def _records(self, analyst: str) -> list[sqlite3.Row]:
         cursor = self._conn.execute(
@@ -386,19 +372,9 @@ def _open(path: str | None) -> sqlite3.Connection:
     if path is not None:
         _check_directory(path)
     try:
-        conn = sqlite3.connect(path if path is not None else ":memory:",
-                               isolation_level=None, check_same_thread=False,
-                               timeout=BUSY_TIMEOUT_MS / 1000)
+        return open_database(path, lambda conn: _prepare(conn, path), )
     except sqlite3.Error as exc:
         raise _open_error(path, exc) from exc
-    try:
-        _prepare_patiently(conn, path)
-    except BaseException as exc:
-        conn.close()
-        if isinstance(exc, sqlite3.Error):
-            raise _open_error(path, exc) from exc
-        raise
-    return conn
 
 
 def _check_directory(path: str) -> None:
@@ -422,47 +398,15 @@ def _not_a_ledger(path: str | None, why: str) -> Error:
                  "this one.")
 
 
-def _prepare_patiently(conn: sqlite3.Connection, path: str | None) -> None:
-    """Run :func:`_prepare`, retrying while another process holds the database.
-
-    Switching a new file to WAL can fail with "database is locked" at once, without waiting
-    on the busy timeout, when several processes create the same ledger together. Preparing
-    is idempotent, so retry it with a jittered back-off for up to the busy timeout.
-    """
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            _prepare(conn, path)
-            return
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc) or time.monotonic() > deadline:
-                raise
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            time.sleep(random.uniform(0.001, 0.02))
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    message = str(exc)
-    return "locked" in message or "busy" in message
-
-
 def _prepare(conn: sqlite3.Connection, path: str | None) -> None:
     """Set the pragmas, then create the schema or check the existing one."""
     conn.row_factory = sqlite3.Row
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     # Read first: a foreign database is refused before any pragma changes its file.
     _check_schema(conn, path)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    make_durable(conn)
+    with write_transaction(conn):
         if not _check_schema(conn, path):
             _create_schema(conn)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 def _check_schema(conn: sqlite3.Connection, path: str | None) -> bool:

@@ -89,7 +89,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -123,7 +123,8 @@ VALUE_DISCRETIZATION_INTERVAL = 1e-4
 CACHE_SIZE = 8
 _MEMO_LIMIT = 200_000  # charges whose events are remembered (then forgotten, all at once)
 
-PLD = pld_lib.PrivacyLossDistribution
+#: dp_accounting's ``PrivacyLossDistribution`` (the library ships no type information).
+PLD: TypeAlias = Any
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -314,7 +315,7 @@ class PLDAccountant:
             InternalError: If ``counts`` is empty.
         """
         if not counts:
-            raise InternalError("no events to compose. This is probably a bug in dpsql.")
+            raise InternalError("no events to compose.")
         key = frozenset((e, n) for e, n in counts.items() if n > 0)
         with self._lock:
             if key in self._composed:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +42,7 @@ import pyarrow as pa
 from dpsql.analyze.calibrate import square_offset
 from dpsql.noise import RandomSource
 from dpsql.errors import QueryRejected
-from dpsql.plan import Aggregate, GroupKey, Measurement, QueryPlan, ValueRelease
+from dpsql.plan import Aggregate, GroupKey, LaplaceNoise, Measurement, QueryPlan, ValueRelease
 from dpsql.release.spread import spread_half_widths, stddev_half_width
 from dpsql.release.udf import UDFRelease
 from dpsql.release.values import key_tuples, release_values
@@ -57,7 +58,8 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     if not plan.group_keys or plan.selection is not None:
         return exact
     names = [k.name for k in plan.group_keys]
-    grid = list(itertools.product(*(k.public_values for k in plan.group_keys)))
+    domains = cast("list[tuple[object, ...]]", [k.public_values for k in plan.group_keys])  # no selection: all public
+    grid = list(itertools.product(*domains))
     found = zip(*(exact[n].to_pylist() for n in names))
     position = {key: i for i, key in enumerate(found)}
     rows = np.array([position.get(key, -1) for key in grid], dtype=np.int64)
@@ -76,7 +78,8 @@ def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, source: RandomS
     if m.shift < 0:
         limit = _SATURATE >> -m.shift
         values = np.clip(values, -limit, limit) << -m.shift
-    return values + m.noise.sample(len(values), source)
+    released: np.ndarray = values + m.noise.sample(len(values), source)
+    return released
 
 
 def half_width(m: Measurement, confidence: float = 0.95) -> float:
@@ -221,7 +224,7 @@ def average_half_width(
 def _laplace_scale(m: Measurement) -> float:
     """The scale b of the continuous Laplace whose tails bound the discrete noise's,
     in column units: P(|Z| > k) = 2 p^(k+1) / (1 + p) <= exp(-k / scale)."""
-    return float(m.noise.scale) * m.lattice  # type: ignore[union-attr]
+    return float(cast(LaplaceNoise, m.noise).scale) * m.lattice  # called for Laplace measurements only
 
 
 def _laplace_difference_quantile(b1: float, b2: np.ndarray) -> np.ndarray:
@@ -234,7 +237,8 @@ def _laplace_difference_quantile(b1: float, b2: np.ndarray) -> np.ndarray:
     big = np.maximum(b1, b2)
     ratio = np.minimum(b1, b2) / np.where(big > 0, big, 1.0)
     grid, g = _laplace_difference_table()
-    return big * np.interp(ratio, grid, g)
+    quantiles: np.ndarray = big * np.interp(ratio, grid, g)
+    return quantiles
 
 
 @functools.cache

@@ -106,12 +106,14 @@ def spread_half_widths(
     m = np.asarray(centred_mean, dtype=np.float64)
     coefficients = np.stack([1 / n, 2 * m / n, (2 * m**2 - np.asarray(squares_mean, dtype=np.float64)) / n], axis=1)
     weighted = np.abs(coefficients) * np.asarray(scales, dtype=np.float64)
+    widths: np.ndarray
     if mechanism == "gaussian":
-        return Z95 * np.sqrt((weighted**2).sum(axis=1))
-    if mechanism == "laplace":
-        return laplace_sum_quantile(weighted)
-    # mixed: each Laplace-tailed term at 1 - 0.05 / 3 (a safe over-estimate for Gaussians too)
-    return (weighted * np.log(1 / (0.05 / 3))).sum(axis=1)
+        widths = Z95 * np.sqrt((weighted**2).sum(axis=1))
+    elif mechanism == "laplace":
+        widths = laplace_sum_quantile(weighted)
+    else:  # mixed: each Laplace-tailed term at 1 - 0.05 / 3 (a safe over-estimate for Gaussians too)
+        widths = (weighted * np.log(1 / (0.05 / 3))).sum(axis=1)
+    return widths
 
 
 def stddev_half_width(variance: np.ndarray, half_width: np.ndarray, cap: float) -> np.ndarray:
@@ -123,4 +125,5 @@ def stddev_half_width(variance: np.ndarray, half_width: np.ndarray, cap: float) 
     v = np.maximum(np.asarray(variance, dtype=np.float64), 0.0)
     w = np.asarray(half_width, dtype=np.float64)
     sd = np.sqrt(v)
-    return np.minimum(np.maximum(sd - np.sqrt(np.maximum(v - w, 0.0)), np.sqrt(v + w) - sd), cap)
+    widths: np.ndarray = np.minimum(np.maximum(sd - np.sqrt(np.maximum(v - w, 0.0)), np.sqrt(v + w) - sd), cap)
+    return widths

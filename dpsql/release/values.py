@@ -91,11 +91,14 @@ def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, s
             out = _sample_and_aggregate(_quantile_of(target.q), values, ids, noisy_units, bounds, eps, source)
         return _with_reason(out, reason)
     assert isinstance(target, UDF)
+    sensitivity = target.local_sensitivity
     if strategy == "smooth":
-        out = smooth_udf(target.fn, target.local_sensitivity, values, bounds, eps, release.delta, rows_per_unit=r, source=source)
+        assert sensitivity is not None, "validate_udf requires local_sensitivity for smooth and PTR"
+        out = smooth_udf(target.fn, sensitivity, values, bounds, eps, release.delta, rows_per_unit=r, source=source)
     elif strategy == "ptr":
+        assert sensitivity is not None, "as above"
         proposal = propose_bound(bounds, noisy_units, eps, release.delta, r)
-        out = ptr_udf(target.fn, target.local_sensitivity, values, bounds, eps, release.delta, proposal=proposal, rows_per_unit=r, source=source)
+        out = ptr_udf(target.fn, sensitivity, values, bounds, eps, release.delta, proposal=proposal, rows_per_unit=r, source=source)
     else:
         out = _sample_and_aggregate(target.fn, values, ids, noisy_units, bounds, eps, source, target.time_limit)
     return _with_reason(out, reason)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from dpsql.errors import Error, InternalError
+from dpsql.errors import Error, InternalError, first_line
 from dpsql.spark.translate import check_reachable, parse_bounded, table_key, to_spark
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class SparkEngine:
         try:
             return reader.format(fmt).load(path)
         except Exception as e:  # noqa: BLE001 - Spark raises AnalysisException and others
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise Error(f"cannot read {path!r} for table {name!r}: {first}") from None
 
     def _register(self, name: str, ref: exp.Table) -> None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping
+from typing import TypeGuard, cast
 
 import sqlglot
 import sqlglot.expressions as exp
@@ -72,7 +73,7 @@ def _fn(name: str, *args: exp.Expression) -> exp.Anonymous:
     return exp.Anonymous(this=name, expressions=list(args))
 
 
-def _is_fn(node: exp.Expression, *names: str) -> bool:
+def _is_fn(node: exp.Expr | None, *names: str) -> TypeGuard[exp.Anonymous]:
     return isinstance(node, exp.Anonymous) and str(node.this).casefold() in names
 
 
@@ -89,8 +90,8 @@ def keyed_hash(node: exp.Expression) -> exp.Expression:
         return node
     args = [_whole_row(a) for a in node.expressions]
     xor = args[0] if len(args) == 1 else None
-    if _is_fn(xor, "xor") and len(xor.expressions) == 2:  # type: ignore[union-attr]
-        xor = exp.BitwiseXor(this=xor.expressions[0], expression=xor.expressions[1])  # type: ignore[union-attr]
+    if _is_fn(xor, "xor") and len(xor.expressions) == 2:
+        xor = exp.BitwiseXor(this=xor.expressions[0], expression=xor.expressions[1])
     if isinstance(xor, exp.Xor | exp.BitwiseXor):
         inner, salt = xor.this, xor.expression
         if _is_fn(inner, "hash", "xxhash64"):
@@ -219,9 +220,11 @@ def double_rounding(node: exp.Expression) -> exp.Expression:
 def unwrap_try(node: exp.Expression) -> exp.Expression:
     """DuckDB's ``TRY(e)``: the expressions it wraps (date_trunc) cannot fail in Spark."""
     if isinstance(node, exp.Try):
-        return node.this
+        wrapped: exp.Expression = node.this
+        return wrapped
     if _is_fn(node, "try") and len(node.expressions) == 1:
-        return node.expressions[0]
+        only: exp.Expression = node.expressions[0]
+        return only
     return node
 
 
@@ -336,7 +339,7 @@ RULES: tuple[Callable[[exp.Expression], exp.Expression], ...] = (
 
 def parse_bounded(sql: str) -> exp.Expression:
     """Bounded SQL text as the pipeline writes it (DuckDB's dialect) -> a tree."""
-    return sqlglot.parse_one(sql, read="duckdb")
+    return cast(exp.Expression, sqlglot.parse_one(sql, read="duckdb"))  # typed as the Expr trait
 
 
 def _bottom_up(node: exp.Expression, rule: Callable[[exp.Expression], exp.Expression]) -> exp.Expression:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import duckdb
 import pytest
 
 from attack_helpers import assert_neighbour_bounded, connect, make_db, policy, unit_values

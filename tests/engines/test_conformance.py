@@ -252,7 +252,7 @@ def test_l0_cap_keeps_exactly_g_random_groups(engine_name: str, build_engine) ->
     assert [m.kind for m in plan.measurements] == ["count_rows", "sum"]
     m_sum = plan.measurements[1]
     per_row = round(2.5 * 2**m_sum.frac_bits)
-    for g, n, total in result:
+    for _g, n, total in result:
         assert total == (n * per_row >> m_sum.shift if m_sum.shift > 0 else n * per_row)
 
 

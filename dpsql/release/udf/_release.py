@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal, TypeGuard, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -90,7 +90,7 @@ class UDFRelease:
         }
 
 
-def _is_real(value: object) -> bool:
+def _is_real(value: object) -> TypeGuard[float | np.integer[Any] | np.floating[Any]]:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)
     )
@@ -105,12 +105,12 @@ def check_bounds(bounds: object, what: str = "the function") -> tuple[float, flo
     if bounds is None:
         raise QueryRejected(f"{what} has no bounds: pass bounds=(lo, hi), the range its "
                             "answers are clipped into; the noise is calibrated to it.")
-    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:  # type: ignore[arg-type]
+    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
         raise QueryRejected(f"bounds of {what} must be a pair (lo, hi), got {bounds!r}.")
-    lo, hi = bounds  # type: ignore[misc]
-    if not (_is_real(lo) and _is_real(hi)):
+    first, second = cast("tuple[object, object]", bounds)  # a sized object of two (checked above)
+    if not (_is_real(first) and _is_real(second)):
         raise QueryRejected(f"bounds of {what} must be two numbers (lo, hi), got {bounds!r}.")
-    lo, hi = float(lo), float(hi)
+    lo, hi = float(first), float(second)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise QueryRejected(f"bounds of {what} must be finite, got ({lo}, {hi}); "
                             "choose the range its answers can sensibly take.")
@@ -126,11 +126,9 @@ def check_bounds(bounds: object, what: str = "the function") -> tuple[float, flo
 def check_budget(epsilon: float, delta: float, *, need_delta: bool, mechanism: str) -> None:
     """Raise unless ``epsilon > 0`` and ``0 <= delta < 1`` (``delta > 0`` if needed)."""
     if not _is_real(epsilon) or not math.isfinite(epsilon) or epsilon <= 0:
-        raise InternalError(f"{mechanism} needs a finite epsilon > 0, got {epsilon!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{mechanism} needs a finite epsilon > 0, got {epsilon!r}.")
     if not _is_real(delta) or not 0 <= delta < 1:
-        raise InternalError(f"{mechanism} needs 0 <= delta < 1, got {delta!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"{mechanism} needs 0 <= delta < 1, got {delta!r}.")
     if need_delta and delta <= 0:
         raise QueryRejected(f"{mechanism} needs delta > 0 (it is (epsilon, delta)-DP); pass "
                             "a delta, e.g. delta=1e-7, or use sample-and-aggregate (pure epsilon).")
@@ -149,8 +147,7 @@ def exponent_for(width: float, bits: int) -> int:
     -5
     """
     if not (math.isfinite(width) and width > 0):
-        raise InternalError(f"lattice width must be finite and > 0, got {width!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"lattice width must be finite and > 0, got {width!r}.")
     return math.frexp(width)[1] - bits
 
 

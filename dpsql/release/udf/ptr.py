@@ -188,8 +188,7 @@ def quantile_sensitivity(sorted_values: FloatArray, q: float, bounds: tuple[floa
 def _check_rows(rows_per_unit: int) -> int:
     if isinstance(rows_per_unit, bool) or not isinstance(rows_per_unit, (int, np.integer)) \
             or rows_per_unit < 1:
-        raise InternalError(f"rows_per_unit must be an integer >= 1, got {rows_per_unit!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"rows_per_unit must be an integer >= 1, got {rows_per_unit!r}.")
     return int(rows_per_unit)
 
 
@@ -199,7 +198,7 @@ def udf_sensitivity(local_sensitivity: LocalSensitivity, values: FloatArray, k: 
     r = _check_rows(rows_per_unit)
     try:
         raw = local_sensitivity(values, (k + 1) * r - 1)
-        bound = r * float(raw)  # type: ignore[arg-type]
+        bound = r * float(raw)
     except Exception:  # noqa: BLE001 - a failing bound is the widest bound
         return width
     if not math.isfinite(bound) or bound < 0:  # NaN, inf or negative: a broken bound is the widest

@@ -87,10 +87,9 @@ def _keywords() -> set[str]:
 
 def _duckdb_functions() -> set[str]:
     try:
-        import duckdb
+        from dpsql.hardened import scratch_rows
 
-        with duckdb.connect(":memory:") as con:
-            rows = con.execute("SELECT DISTINCT function_name FROM duckdb_functions()").fetchall()
+        rows = scratch_rows("SELECT DISTINCT function_name FROM duckdb_functions()")
     except Exception:  # noqa: BLE001 - sqlglot's list still applies
         return set()
     return {str(name).lower() for (name,) in rows}
@@ -155,7 +154,7 @@ def validate_udf(name: str, fn: object, bounds: object = None,
             or not math.isfinite(time_limit) or time_limit <= 0:
         raise QueryRejected(f"UDF {lowered!r}: time_limit must be a number of seconds > 0, "
                             f"got {time_limit!r}.")
-    return UDF(lowered, fn, (lo, hi), local_sensitivity,  # type: ignore[arg-type]
+    return UDF(lowered, fn, (lo, hi), local_sensitivity,
                strategy, float(time_limit))  # type: ignore[arg-type]
 
 

@@ -133,7 +133,7 @@ def choose_block_count(n_estimate: float, epsilon: float, *,
     check_budget(epsilon, 0.0, need_delta=False, mechanism="sample-and-aggregate")
     if not bias_constant > 0 or min_block_units < 1:
         raise InternalError("choose_block_count needs bias_constant > 0 and "
-                            "min_block_units >= 1. This is probably a bug in dpsql.")
+                            "min_block_units >= 1.")
     n = max(0.0, float(n_estimate)) if math.isfinite(n_estimate) else 0.0
     k = round(math.sqrt(n / (bias_constant * epsilon)))
     return int(max(1, min(k, int(n // min_block_units), MAX_BLOCKS)))
@@ -166,11 +166,11 @@ def assign_blocks(unit_ids: npt.ArrayLike, k: int, salt: int | None = None) -> n
     True
     """
     if not 1 <= k <= MAX_BLOCKS:
-        raise InternalError(f"k must be in [1, {MAX_BLOCKS}], got {k}. This is probably a bug.")
+        raise InternalError(f"k must be in [1, {MAX_BLOCKS}], got {k}.")
     units = np.asarray(unit_ids)
     if units.dtype.kind not in "iu":
         raise InternalError(f"assign_blocks needs integer unit ids, got {units.dtype}; "
-                            "hash other keys in SQL. This is probably a bug in dpsql.")
+                            "hash other keys in SQL.")
     key = secrets.randbits(64) if salt is None else salt & (2**64 - 1)
     h = _splitmix64(units.astype(np.int64).view(np.uint64) ^ np.uint64(key))
     h = _splitmix64(h + np.uint64((key * 0x9E3779B97F4A7C15) & (2**64 - 1)))
@@ -231,7 +231,7 @@ def evaluate_blocks(fn: BlockFunction, values: npt.ArrayLike, block_ids: npt.Arr
     """
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise InternalError(f"time_limit must be a finite number of seconds > 0, got "
-                            f"{time_limit!r}. This is probably a bug in dpsql.")
+                            f"{time_limit!r}.")
     data, offsets = _blocks(values, block_ids, k)
     started = time.monotonic()
     out = np.full(k, math.nan)
@@ -251,17 +251,15 @@ def evaluate_blocks(fn: BlockFunction, values: npt.ArrayLike, block_ids: npt.Arr
 def _blocks(values: npt.ArrayLike, block_ids: npt.ArrayLike, k: int) -> tuple[FloatArray, npt.NDArray[np.int64]]:
     """Values sorted by block (read-only) and the offsets of each block."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_BLOCKS:
-        raise InternalError(f"k must be an integer in [1, {MAX_BLOCKS}], got {k!r}. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"k must be an integer in [1, {MAX_BLOCKS}], got {k!r}.")
     array = np.asarray(values, dtype=np.float64)
     ids = np.asarray(block_ids)
     if array.ndim != 1 or ids.shape != array.shape or (ids.size and ids.dtype.kind not in "iu"):
         raise InternalError(f"values and block_ids must be 1-D of one length, block_ids "
-                            f"integers; got {array.shape} and {ids.dtype} {ids.shape}. "
-                            "This is probably a bug in dpsql.")
+                            f"integers; got {array.shape} and {ids.dtype} {ids.shape}.")
     ids = ids.astype(np.int64, copy=False)
     if ids.size and (ids.min() < 0 or ids.max() >= k):
-        raise InternalError(f"block ids must be in [0, {k}). This is probably a bug in dpsql.")
+        raise InternalError(f"block ids must be in [0, {k}).")
     order = np.argsort(ids, kind="stable")
     data = array[order]
     data.flags.writeable = False
@@ -363,8 +361,7 @@ def _collect(fd: int, pid: int, start: int, k: int, allowance: float,
         whole = len(pending) - len(pending) % _RECORD.size
         for index, value, code in _RECORD.iter_unpack(pending[:whole]):
             if index != expected:
-                raise InternalError(f"block worker sent block {index}, expected {expected}. "
-                                    "This is probably a bug in dpsql.")
+                raise InternalError(f"block worker sent block {index}, expected {expected}.")
             out[index], status[index] = value, code
             expected += 1
         pending = pending[whole:]
@@ -426,8 +423,7 @@ def sample_and_aggregate(fn: BlockFunction, values: npt.ArrayLike, block_ids: np
     array = np.asarray(values, dtype=np.float64)
     ids = np.asarray(block_ids)
     if array.shape != ids.shape:
-        raise InternalError(f"values {array.shape} and block_ids {ids.shape} differ in shape. "
-                            "This is probably a bug in dpsql.")
+        raise InternalError(f"values {array.shape} and block_ids {ids.shape} differ in shape.")
     finite = np.isfinite(array)
     default = midpoint(lo, hi)
     outcome = evaluate_blocks(fn, array[finite], ids[finite], k, default=default,

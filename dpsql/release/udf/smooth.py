@@ -5,7 +5,24 @@ DESIGN §5 (Nissim, Raskhodnikova and Smith 2007): ``beta = epsilon / (2 ln(2/de
 bound of :mod:`dpsql.release.udf.ptr` (units; ``A(x, k) <= A(x', k+1)`` for neighbours), which
 makes S a beta-smooth upper bound on the local sensitivity: ``S(x) <= e^beta S(x')``.
 No proposal, no refusal; it adapts to the data. S itself is NOT private: the release
-record keeps it (and the noise scale) in ``diagnostics`` only, and reports no half-width.
+record keeps it (and the noise scale) in ``diagnostics`` only.
+
+**A ± from a private upper bound of S** (issue 15). A half-width computed from S would
+release S. Instead ``SCALE_SHARE`` (20%) of the release's epsilon buys a DP upper bound U of
+S, and the mechanism runs at the other 80% (one charge, basic composition). S is beta-smooth
+(``S(x) <= e^beta S(x')`` for neighbours), so ``ln S`` moves by at most beta between
+neighbours: ``L = ceil(M ln S / beta)`` (``M = 2**SCALE_BITS``) moves by at most M, and
+``L + Z`` with discrete Laplace ``Z`` of scale ``M / epsilon_s`` is epsilon_s-DP. U is
+``exp(beta (L + Z + q) / M)`` with q the two-sided ``1 - 2 ALPHA`` quantile of Z, so
+``P(U < S) <= ALPHA`` (1%). The released half-width is the ``CONFIDENCE_FOR_BOUND`` (96%)
+quantile of the noise the mechanism would have drawn had its scale been set by U (plus one
+lattice step for the flooring); the interval then covers the exact answer with probability
+at least ``0.96 x 0.99 = 0.9504`` (the bound's noise is independent of the answer's, and the
+quantile grows with the scale). S is floored at ``(hi - lo) 2**-60`` first (a constant is
+beta-smooth and the max of two beta-smooth functions is too), so ``ln S`` is finite. The
+price: the answer's noise is 1.25 times what it was, and the interval is typically about
+twice the one S itself would give (``exp(beta q / M)``); a UDF or MEDIAN that needs a tight
+± can use PTR or sample-and-aggregate, whose ± is exact.
 
 **Exact discrete noise.** The answer is floored to a data-independent lattice
 ``gamma = 2**e`` with ``(hi - lo) / (gamma epsilon0)`` about ``2**36``; flooring adds at most
@@ -36,7 +53,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.noise import DiscreteLaplace, RandomSource
+from dpsql.noise import DiscreteLaplace, RandomSource, laplace_noise
 from dpsql.release.udf._release import (
     UDFRelease,
     check_bounds,
@@ -60,9 +77,11 @@ from dpsql.release.udf.ptr import (
 from dpsql.release.udf.sample_and_aggregate import BlockFunction
 
 __all__ = [
+    "SCALE_SHARE",
     "SmoothParameters",
     "expected_error",
     "quantile_smooth_sensitivity",
+    "scale_bound",
     "smooth_parameters",
     "smooth_quantile",
     "smooth_sensitivity",
@@ -79,6 +98,16 @@ _BETA_SLACK = 1e-9
 _S_INFLATION = 1 + 2.0**-40
 #: smooth_udf calls local_sensitivity at most this many times (the rest is bounded by hi - lo).
 DEFAULT_MAX_CALLS = 4096
+#: The share of a release's epsilon spent on the private upper bound of S (its ±).
+SCALE_SHARE = 0.2
+#: P(the bound falls below S) is at most this.
+ALPHA = 0.01
+#: The noise quantile the half-width is computed at (``CONFIDENCE_FOR_BOUND * (1 - ALPHA) >= 0.95``).
+CONFIDENCE_FOR_BOUND = 0.96
+#: ln S is released on a lattice of beta / 2**SCALE_BITS.
+SCALE_BITS = 8
+#: S is floored at (hi - lo) * 2**-_S_FLOOR_BITS before its logarithm.
+_S_FLOOR_BITS = 60
 
 
 @dataclass(frozen=True)
@@ -161,20 +190,53 @@ def quantile_smooth_sensitivity(sorted_values: npt.NDArray[np.float64], q: float
 
 
 def _release(f: float, sensitivity: float, lo: float, hi: float, params: SmoothParameters,
-             source: RandomSource | None, public: dict[str, object]) -> UDFRelease:
+             source: RandomSource | None, public: dict[str, object], epsilon: float) -> UDFRelease:
     e = exponent_for((hi - lo) / params.epsilon0, _LATTICE_BITS)
     step = math.ldexp(1.0, e)
-    lattice_sensitivity = Fraction(math.ldexp(sensitivity * _S_INFLATION, -e)) + 1
-    t = math.ceil(2 * lattice_sensitivity * _SCALE_DENOMINATOR / Fraction(params.epsilon0))
-    noise = DiscreteLaplace(t, _SCALE_DENOMINATOR)
+    noise = _noise(sensitivity, e, params)
     noisy = floor_to_lattice(f, e) + int(noise.sample(1, source)[0])
+    bound = scale_bound(sensitivity, lo, hi, params.beta_sensitivity, epsilon - params.epsilon, source)
+    half_width = (_noise(bound, e, params).quantile_abs(CONFIDENCE_FOR_BOUND) + 1) * step
     return UDFRelease(
         value=clamp(from_lattice(noisy, e), lo, hi), mechanism="smooth_sensitivity",
-        epsilon=params.epsilon, delta=params.delta, lattice=step,
+        epsilon=epsilon, delta=params.delta, lattice=step, half_width=half_width,
         parameters={**public, "bounds": (lo, hi), "beta": params.beta,
-                    "epsilon0": params.epsilon0},
+                    "epsilon0": params.epsilon0, "scale_bound_epsilon": epsilon - params.epsilon},
         diagnostics={"smooth_sensitivity": sensitivity, "noise_scale": noise.scale * step,
-                     "exact": f})
+                     "sensitivity_bound": bound, "exact": f})
+
+
+def _noise(sensitivity: float, e: int, params: SmoothParameters) -> DiscreteLaplace:
+    """The discrete Laplace for smooth sensitivity ``sensitivity`` on the lattice ``2**e``."""
+    lattice_sensitivity = Fraction(math.ldexp(sensitivity * _S_INFLATION, -e)) + 1
+    t = math.ceil(2 * lattice_sensitivity * _SCALE_DENOMINATOR / Fraction(params.epsilon0))
+    return DiscreteLaplace(t, _SCALE_DENOMINATOR)
+
+
+def scale_bound(sensitivity: float, lo: float, hi: float, beta: float, epsilon: float,
+                source: RandomSource | None = None) -> float:
+    """An epsilon-DP upper bound of the beta-smooth ``sensitivity``, too low with probability
+    at most :data:`ALPHA` (see the module docstring).
+
+    >>> from dpsql.noise import SeededRandom
+    >>> s = 0.5
+    >>> bounds = [scale_bound(s, 0, 100, 0.03, 0.2, SeededRandom(i)) for i in range(200)]
+    >>> sum(b < s for b in bounds) <= 6, 0.5 < sorted(bounds)[100] / s / math.exp(0.03 * 4.0) < 2.5
+    (True, True)
+    """
+    floor = math.ldexp(hi - lo, -_S_FLOOR_BITS)
+    steps = 1 << SCALE_BITS
+    level = math.ceil(steps * math.log(max(sensitivity, floor)) / beta)
+    noise = laplace_noise(steps, epsilon)
+    q = noise.quantile_abs(1 - 2 * ALPHA)
+    exponent = beta * (level + int(noise.sample(1, source)[0]) + q) / steps
+    return min(math.exp(min(exponent, 700.0)), hi - lo)  # S <= hi - lo: A(k) never exceeds it
+
+
+def _mechanism_parameters(epsilon: float, delta: float) -> SmoothParameters:
+    """The smooth-sensitivity mechanism's parameters at its share ``1 - SCALE_SHARE`` of
+    ``epsilon``: the rest buys :func:`scale_bound`."""
+    return smooth_parameters(epsilon * (1 - SCALE_SHARE), delta)
 
 
 def smooth_quantile(values: npt.ArrayLike, q: float, bounds: tuple[float, float], epsilon: float,
@@ -191,11 +253,11 @@ def smooth_quantile(values: npt.ArrayLike, q: float, bounds: tuple[float, float]
     ('smooth_sensitivity', True)
     """
     lo, hi = check_bounds(bounds)
-    params = smooth_parameters(epsilon, delta)
+    params = _mechanism_parameters(epsilon, delta)
     data = prepare_values(values, (lo, hi))
     sensitivity = quantile_smooth_sensitivity(data, q, (lo, hi), params.beta_sensitivity, rows_per_unit)
     return _release(quantile_value(data, q, (lo, hi)), sensitivity, lo, hi, params, source,
-                    {"function": "quantile_cont", "q": float(q), "rows_per_unit": rows_per_unit})
+                    {"function": "quantile_cont", "q": float(q), "rows_per_unit": rows_per_unit}, epsilon)
 
 
 def smooth_udf(fn: BlockFunction, local_sensitivity: LocalSensitivity, values: npt.ArrayLike,
@@ -209,7 +271,7 @@ def smooth_udf(fn: BlockFunction, local_sensitivity: LocalSensitivity, values: n
     or ``max_calls`` calls, after which ``hi - lo`` bounds the rest.
     """
     lo, hi = check_bounds(bounds)
-    params = smooth_parameters(epsilon, delta)
+    params = _mechanism_parameters(epsilon, delta)
     data = np.asarray(values, dtype=np.float64).ravel()
     data = data[np.isfinite(data)]
     data.flags.writeable = False
@@ -223,19 +285,20 @@ def smooth_udf(fn: BlockFunction, local_sensitivity: LocalSensitivity, values: n
     if k == max_calls:
         best = max(best, math.exp(-beta * k) * width)
     return _release(f, best, lo, hi, params, source,
-                    {"function": "udf", "rows_per_unit": rows_per_unit})
+                    {"function": "udf", "rows_per_unit": rows_per_unit}, epsilon)
 
 
 def expected_error(bounds: tuple[float, float], n_estimate: float, epsilon: float, delta: float,
                    *, rows_per_unit: int = 1) -> float:
     """Model of the mean absolute error on evenly spread data: ``2 S_model / epsilon0``
-    (no data is read), S_model from the profile of :func:`dpsql.release.udf.ptr.spread_sensitivity`.
+    (no data is read), S_model from the profile of :func:`dpsql.release.udf.ptr.spread_sensitivity`,
+    at the mechanism's share (``1 - SCALE_SHARE``) of ``epsilon``.
 
     >>> round(expected_error((0, 100), 100_000, 1.0, 1e-6), 4)
-    0.0472
+    0.0724
     """
     lo, hi = check_bounds(bounds)
-    params = smooth_parameters(epsilon, delta)
+    params = _mechanism_parameters(epsilon, delta)
     beta = params.beta_sensitivity
     # e^(-beta k) min(hi - lo, a k + b) peaks before k = 1/beta and falls after it.
     last = int(min(max(float(n_estimate), 1.0) / (2 * rows_per_unit), 2 / beta)) + 2

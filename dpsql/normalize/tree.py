@@ -1,301 +1,34 @@
-"""The SQL analysts write -> the one shape the analyzer checks (issue 14): a row of passes.
-
-Each pass takes the parsed tree and returns it, rewriting only shapes it recognises, and
-never deciding anything about privacy: every rewritten query still goes through every
-check, bound, clip and charge of the analyzer. A pass may *refuse* (raise
-:class:`~dpsql.errors.QueryRejected`) when what was written cannot mean anything dpsql can
-answer (an analyst's bounds wider than the owner's, a ``privacy_unit_column`` that is not
-the unit). The passes, in order (:data:`PASSES`):
-
-text, before parsing
-  * BigQuery's ``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = .., delta = ..,
-    privacy_unit_column = .., max_groups_contributed = ..)`` sets the query's epsilon and
-    delta (the options are checked; the clause is removed);
-  * ``contribution_bounds_per_group => (lo, hi)`` / ``contribution_bounds_per_row`` in an
-    aggregate become an analyst's clamp of its argument: ``LEAST(GREATEST(x, lo), hi)``,
-    which may narrow the policy's bounds and never widen them (a wider one is refused);
-  * T-SQL's ``SELECT TOP n`` becomes ``LIMIT n`` (in every dialect).
-
-tree (sqlglot, read in the analyst's dialect, written as DuckDB)
-  * ``qualified_tables``: ``PUMS.PUMS``, ``main.visits``, ``db.schema.table`` name the policy
-    table ``PUMS``, ``visits``, ``table`` (dpsql reads only policy tables, from its own
-    attached data, so a prefix can never reach another table);
-  * ``spellings``: ``VAR``/``VARIANCE`` (sample), ``VARP``, ``STD``/``STDEV`` (sample),
-    ``STDEVP``, ``COUNT(1)``;
-  * ``aggregate_filters``: ``AGG(x) FILTER (WHERE c)`` is ``AGG(CASE WHEN c THEN x END)``;
-  * ``parenthesised_tables``: ``FROM (t) AS c`` is ``FROM t AS c``;
-  * ``using_joins``: ``JOIN t USING (k)`` is ``JOIN t ON left.k = t.k``, unqualified ``k``
-    then naming the left one;
-  * ``comma_joins``: ``FROM a, b WHERE a.k = b.k`` is ``FROM a JOIN b ON a.k = b.k``;
-    extra conditions of an inner join's ``ON`` move to WHERE;
-  * ``private_first``: inner joins are reordered so that a private table comes first;
-  * ``public_subqueries``: ``x IN (SELECT c FROM public ...)`` and ``[NOT] EXISTS (SELECT
-    .. FROM public WHERE public.c = x ...)`` become literal lists, read from the public
-    tables before any private data (public data: its values and its errors tell nothing
-    about anyone in the private tables);
-  * ``literal_dates``: ``DATE '..'``, ``TIMESTAMP '..'``, ``CAST('..' AS DATE)`` and date
-    arithmetic on literals become the ISO string literals dates compare with;
-  * ``distinct``: ``SELECT DISTINCT k ...`` without aggregates is ``GROUP BY k``; with a
-    GROUP BY whose keys are all selected, DISTINCT changes nothing and is dropped.
-"""
+"""The tree passes of :mod:`dpsql.normalize` (listed in :data:`PASSES`, run in order): each
+takes the parsed SELECT and the policy's view (:class:`_Ctx`) and returns the SELECT,
+rewriting only the shapes it recognises (the package docstring lists them)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import sqlglot
-import sqlglot.errors
 import sqlglot.expressions as exp
 
-from dpsql.diagnose import parse_statements
-from dpsql.errors import QueryRejected
-
-__all__ = ["DIALECTS", "Normalized", "PublicQuery", "check_dialect", "normalize", "query_budget", "without_options"]
+if TYPE_CHECKING:
+    from dpsql.policy import TablePolicy
 
 #: Reads rows of a query over public tables only (the connection's engine).
 PublicQuery = Callable[[exp.Select], "list[tuple[object, ...]]"]
-
-#: sqlglot readers an analyst may name.
-DIALECTS = ("duckdb", "postgres", "bigquery", "tsql", "spark", "databricks", "mysql", "snowflake", "sqlite",
-            "trino", "presto", "redshift", "hive", "clickhouse", "oracle")
 
 #: A public IN list becomes literals only up to this many values.
 MAX_PUBLIC_VALUES = 10_000
 
 
 @dataclass
-class Normalized:
-    """The normalized tree and what the text said besides the query.
-
-    Attributes:
-        select: the query, one SELECT in DuckDB's dialect.
-        epsilon, delta: set by a BigQuery ``WITH DIFFERENTIAL_PRIVACY OPTIONS`` clause.
-        analyst_bounds: the analyst's clamps, ``(lo, hi)`` by the text of the argument.
-    """
-
-    select: exp.Select
-    epsilon: float | None = None
-    delta: float | None = None
-    analyst_bounds: list[tuple[str, float, float]] = field(default_factory=list)
-
-
-@dataclass
 class _Ctx:
     sql: str
-    tables: Mapping[str, object]  # policy tables, by casefolded name
+    tables: Mapping[str, TablePolicy]  # policy tables, by casefolded name
     schema: Mapping[str, Mapping[str, str]]
     public_query: PublicQuery | None
     unit_of: Callable[[str], str | None]
     is_public: Callable[[str], bool]
     bounds_of: Callable[[str, str], tuple[float, float] | None]
-
-
-# -- text passes -----------------------------------------------------------------------------
-
-_DP_CLAUSE = re.compile(r"(?is)\bSELECT(\s+WITH\s+DIFFERENTIAL_PRIVACY\s+OPTIONS\s*\(([^()]*)\))")
-_BOUNDS_ARG = re.compile(
-    r"(?is),\s*contribution_bounds_per_(group|row)\s*=>\s*\(\s*([-+]?[\d.]+(?:e[-+]?\d+)?)\s*,\s*([-+]?[\d.]+(?:e[-+]?\d+)?)\s*\)"
-)
-_TOP = re.compile(r"(?is)^(\s*SELECT(?:\s+(?:DISTINCT|ALL))?)(\s+TOP\s*(?:\(\s*(\d+)\s*\)|(\d+)))(?=\s)")
-_OPTION = re.compile(r"(?is)^\s*([a-z_]+)\s*=\s*([^\s,]+)\s*$")
-
-
-def _blank(text: str, start: int, end: int) -> str:
-    """``text`` with ``[start, end)`` replaced by spaces: positions after it stay valid for
-    the caret under an error."""
-    return text[:start] + " " * (end - start) + text[end:]
-
-
-def _dp_options(sql: str) -> tuple[str, dict[str, str]]:
-    match = _DP_CLAUSE.search(sql)
-    if match is None:
-        return sql, {}
-    options: dict[str, str] = {}
-    for part in filter(str.strip, match.group(2).split(",")):
-        item = _OPTION.match(part)
-        if item is None:
-            raise QueryRejected(f"cannot read the differential privacy option {part.strip()!r}; write name = value.")
-        options[item.group(1).lower()] = item.group(2)
-    return _blank(sql, match.start(1), match.end(1)), options
-
-
-def check_dialect(dialect: str | None) -> str | None:
-    """``dialect`` lower-cased, or a refusal naming the dialects dpsql reads."""
-    if dialect is None:
-        return None
-    if not isinstance(dialect, str) or dialect.lower() not in DIALECTS:
-        raise QueryRejected(f"unknown SQL dialect {dialect!r}; use one of {', '.join(DIALECTS)}.")
-    return dialect.lower()
-
-
-def without_options(sql: str) -> str:
-    """``sql`` without its BigQuery ``WITH DIFFERENTIAL_PRIVACY OPTIONS`` clause (blanked)."""
-    return _dp_options(sql)[0] if isinstance(sql, str) else sql
-
-
-def query_budget(sql: object, epsilon: float | None, delta: float | None) -> tuple[float | None, float | None]:
-    """The (epsilon, delta) a query asks for: the arguments, or a BigQuery ``WITH
-    DIFFERENTIAL_PRIVACY OPTIONS`` clause's; both, if they differ, is refused."""
-    if not isinstance(sql, str):
-        return epsilon, delta
-    _, options = _dp_options(sql)
-    out = []
-    for name, given in (("epsilon", epsilon), ("delta", delta)):
-        written = _number(name, options[name]) if name in options else None
-        if written is not None and given is not None and written != given:
-            raise QueryRejected(
-                f"the query's OPTIONS set {name} = {options[name]} and the call passes {name}={given}; give it once."
-            )
-        out.append(written if written is not None else given)
-    return out[0], out[1]
-
-
-def _number(name: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise QueryRejected(f"the option {name} must be a number, got {text!r}.") from None
-
-
-def _contribution_bounds(sql: str) -> tuple[str, list[tuple[str, float, float]]]:
-    """``AGG(arg, contribution_bounds_per_group => (lo, hi))`` -> ``AGG(__dp_bounds(arg, lo, hi))``."""
-    found: list[tuple[str, float, float]] = []
-    while True:
-        match = _BOUNDS_ARG.search(sql)
-        if match is None:
-            return sql, found
-        depth, start = 0, match.start()
-        while start > 0:
-            start -= 1
-            if sql[start] == ")":
-                depth += 1
-            elif sql[start] == "(":
-                if depth == 0:
-                    break
-                depth -= 1
-        arg = sql[start + 1 : match.start()]
-        lo, hi = float(match.group(2)), float(match.group(3))
-        if not lo < hi:
-            raise QueryRejected(f"contribution bounds ({match.group(2)}, {match.group(3)}) need lower < upper.")
-        found.append((arg.strip(), lo, hi))
-        sql = f"{sql[:start + 1]}__dp_bounds({arg}, {match.group(2)}, {match.group(3)}){sql[match.end():]}"
-
-
-def _top(sql: str) -> tuple[str, int | None]:
-    match = _TOP.match(sql)
-    if match is None:
-        return sql, None
-    return _blank(sql, match.start(2), match.end(2)), int(match.group(3) or match.group(4))
-
-
-# -- the entry point ---------------------------------------------------------------------------
-
-
-def normalize(
-    sql: str,
-    policy: object,
-    schema: Mapping[str, Mapping[str, str]],
-    *,
-    dialect: str | None = None,
-    public_query: PublicQuery | None = None,
-) -> Normalized:
-    """Parse ``sql`` (in ``dialect``, default DuckDB's) and rewrite it into the analyzer's
-    shape (module docstring). Raises :class:`QueryRejected` for what cannot be parsed or
-    meant."""
-    if not isinstance(sql, str):
-        raise QueryRejected(f"the query must be a string of SQL, got {type(sql).__name__}.")
-    read = check_dialect(dialect) or "duckdb"
-    text, options = _dp_options(sql)
-    text, bounds = _contribution_bounds(text)
-    text, top = _top(text) if read != "tsql" else (text, None)
-    statements = parse_statements(text, read=read)  # size limits; syntax errors in words (issue 20)
-    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
-        raise _statement_error(sql)
-    select = statements[0]
-    if top is not None and select.args.get("limit") is None:
-        select.set("limit", exp.Limit(expression=exp.Literal.number(top)))
-    ctx = _context(sql, policy, schema, public_query)
-    for step in PASSES:
-        select = step(select, ctx)
-    result = Normalized(select=select, analyst_bounds=bounds)
-    _apply_options(result, options, select, ctx)
-    return result
-
-
-def _statement_error(sql: str) -> QueryRejected:
-    """The analyzer's own message for what is not one SELECT statement."""
-    try:
-        from dpsql.analyze.parse import parse_select
-    except ImportError:  # the layout before the restructure
-        from dpsql.sqlcheck import parse_select  # type: ignore[no-redef]
-    try:
-        parse_select(sql)
-    except QueryRejected as e:
-        return e
-    return QueryRejected("send exactly one SELECT statement.")
-
-
-def _context(sql: str, policy: object, schema: Mapping[str, Mapping[str, str]], public_query: PublicQuery | None) -> _Ctx:
-    tables = getattr(policy, "tables", {})
-
-    def table(name: str):  # type: ignore[no-untyped-def]
-        return tables.get(name.casefold())
-
-    def unit_of(name: str) -> str | None:
-        t = table(name)
-        return None if t is None else t.privacy_unit
-
-    def is_public(name: str) -> bool:
-        t = table(name)
-        return bool(t is not None and t.public)
-
-    def bounds_of(name: str, column: str) -> tuple[float, float] | None:
-        t = table(name)
-        c = None if t is None else t.column(column)
-        return None if c is None else c.bounds
-
-    return _Ctx(sql, tables, schema, public_query, unit_of, is_public, bounds_of)
-
-
-def _apply_options(result: Normalized, options: dict[str, str], select: exp.Select, ctx: _Ctx) -> None:
-    known = {"epsilon", "delta", "privacy_unit_column", "max_groups_contributed", "max_rows_contributed"}
-    for name, value in options.items():
-        if name not in known:
-            raise QueryRejected(f"unknown differential privacy option {name!r}; dpsql reads {', '.join(sorted(known))}.")
-        if name == "epsilon":
-            result.epsilon = _number(name, value)
-        elif name == "delta":
-            result.delta = _number(name, value)
-        elif name == "privacy_unit_column":
-            unit = value.strip("`\"'")
-            for table in _private_tables(select, ctx):
-                real = ctx.unit_of(table)
-                if real is None or real.casefold() != unit.split(".")[-1].casefold():
-                    raise QueryRejected(
-                        f"privacy_unit_column={unit} is not the privacy unit of table {table!r} "
-                        f"({real or 'each row is its own unit'}); the policy fixes the unit: leave the option out."
-                    )
-        else:
-            cap = _number(name, value)
-            for table in _private_tables(select, ctx):
-                policy = ctx.tables.get(table.casefold())
-                limit = policy.max_groups_per_unit if name == "max_groups_contributed" else policy.max_rows_per_unit
-                if cap > limit:
-                    raise QueryRejected(
-                        f"{name}={value} is above the policy's cap of {limit} for table {table!r}: an analyst may "
-                        "tighten contribution bounds, never loosen them."
-                    )
-    for arg, lo, hi in result.analyst_bounds:
-        column = arg.strip().strip('"`[]').split(".")[-1]
-        for table in _tables_in(select):
-            owner = ctx.bounds_of(table, column)
-            if owner is not None and (lo < owner[0] or hi > owner[1]):
-                raise QueryRejected(
-                    f"contribution bounds ({lo:g}, {hi:g}) on {arg.strip()} are wider than the policy's bounds "
-                    f"[{owner[0]:g}, {owner[1]:g}]: an analyst may narrow a column's bounds, never widen them."
-                )
 
 
 def _tables_in(select: exp.Expression) -> list[str]:
@@ -304,9 +37,6 @@ def _tables_in(select: exp.Expression) -> list[str]:
 
 def _private_tables(select: exp.Expression, ctx: _Ctx) -> list[str]:
     return [t for t in _tables_in(select) if t.casefold() in ctx.tables and not ctx.is_public(t)]
-
-
-# -- tree passes -------------------------------------------------------------------------------
 
 
 def qualified_tables(select: exp.Select, ctx: _Ctx) -> exp.Select:
@@ -345,7 +75,7 @@ def spellings(select: exp.Select, ctx: _Ctx) -> exp.Select:
 def aggregate_filters(select: exp.Select, ctx: _Ctx) -> exp.Select:
     """``AGG(x) FILTER (WHERE c)`` -> ``AGG(CASE WHEN c THEN x END)``."""
 
-    def fix(node: exp.Expression) -> exp.Expression:
+    def fix(node: exp.Expr) -> exp.Expr:
         if not isinstance(node, exp.Filter) or not isinstance(node.this, exp.AggFunc):
             return node
         agg, where = node.this, node.expression
@@ -435,7 +165,7 @@ def comma_joins(select: exp.Select, ctx: _Ctx) -> exp.Select:
             [where.this] if where is not None else [])
         sources = [from_.this] + [j.this for j in joins]
         joined = {_alias(from_.this).casefold()}
-        moved: list[exp.Expression] = []
+        moved: list[exp.Expr] = []
         for join in joins:
             inner = not join.side and (join.kind or "").upper() in ("", "INNER")
             on = join.args.get("on")
@@ -505,13 +235,13 @@ def public_subqueries(select: exp.Select, ctx: _Ctx) -> exp.Select:
         return select
     outer = {_alias(t).casefold() for t in select.find_all(exp.Table)} - set()
 
-    def values(query: exp.Select) -> list[exp.Expression] | None:
+    def values(query: exp.Select) -> list[exp.Expr] | None:
         rows = ctx.public_query(query)  # type: ignore[misc]
         if len(rows) > MAX_PUBLIC_VALUES:
             return None
         return [exp.convert(r[0]) for r in rows]
 
-    def fix(node: exp.Expression) -> exp.Expression:
+    def fix(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.In) and isinstance(node.args.get("query"), exp.Subquery):
             query = node.args["query"].this
             if isinstance(query, exp.Select) and len(query.expressions) == 1 and _only_public(query, ctx) \
@@ -540,12 +270,13 @@ def _correlated(query: exp.Select) -> bool:
     return any(c.table and c.table.casefold() not in inner for c in query.find_all(exp.Column))
 
 
-def _exists_to_in(node: exp.Exists, query: exp.Select, values) -> exp.Expression | None:  # type: ignore[no-untyped-def]
+def _exists_to_in(node: exp.Exists, query: exp.Select,
+                  values: Callable[[exp.Select], list[exp.Expr] | None]) -> exp.Expr | None:
     """``EXISTS (SELECT .. FROM pub WHERE pub.c = outer.x AND <pub-only>)`` -> ``outer.x IN (...)``."""
     inner = {_alias(t).casefold() for t in query.find_all(exp.Table)} | {t.name.casefold() for t in query.find_all(exp.Table)}
-    where = query.args.get("where")
-    if where is None or query.args.get("joins") or query.args.get("group"):
-        return None
+    where, source = query.args.get("where"), query.args.get("from_")
+    if where is None or source is None or query.args.get("joins") or query.args.get("group"):
+        return None  # (no FROM: its public tables are in a CTE or a nested subquery; the analyzer refuses it)
     parts = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
     link, rest = None, []
     for p in parts:
@@ -560,7 +291,7 @@ def _exists_to_in(node: exp.Exists, query: exp.Select, values) -> exp.Expression
     if link is None:
         return None
     inner_col, outer_col = link
-    sub = exp.select(inner_col.copy()).from_(query.args.get("from_").this.copy())
+    sub = exp.select(inner_col.copy()).from_(source.this.copy())
     if rest:
         sub = sub.where(exp.and_(*[r.copy() for r in rest]))
     if _correlated(sub):
@@ -580,6 +311,8 @@ def literal_dates(select: exp.Select, ctx: _Ctx) -> exp.Select:
     """Date and timestamp literals (and literal date arithmetic) -> ISO string literals."""
     import duckdb
 
+    from dpsql.hardened import scratch_rows
+
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, (exp.Cast, exp.TryCast)) and isinstance(node.this, exp.Literal) and node.this.is_string \
                 and node.to.this in _TEMPORAL_TYPES and isinstance(node.parent, (exp.Predicate, exp.Between, exp.In)):
@@ -589,11 +322,10 @@ def literal_dates(select: exp.Select, ctx: _Ctx) -> exp.Select:
         if isinstance(node, (exp.Add, exp.Sub)) and not list(node.find_all(exp.Column)) and any(
                 isinstance(n, exp.Interval) for n in node.walk()):
             try:
-                con = duckdb.connect(":memory:", config={"enable_external_access": False})
-                value = con.execute(f"SELECT CAST(({node.sql('duckdb')}) AS VARCHAR)").fetchone()
-                con.close()
+                rows = scratch_rows(f"SELECT CAST(({node.sql('duckdb')}) AS VARCHAR)")
             except duckdb.Error:
                 return node
+            value = rows[0] if rows else None
             if value and value[0] is not None:
                 text = str(value[0])
                 return exp.Literal.string(text[:-9] if text.endswith(" 00:00:00") else text)
