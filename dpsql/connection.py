@@ -172,8 +172,11 @@ class Connection:
         delta are checked once, by the analyzer."""
         self._check_open()
         dialect = dialect or self._dialect
-        key = (sql, epsilon, delta, dialect)
-        cached = self._plans.get(key) if isinstance(sql, str) else None
+        # a remembered plan is found only by values the analyzer accepted (any other is
+        # refused by it, and may not even be hashable)
+        plain = all(v is None or type(v) in (int, float) for v in (epsilon, delta))
+        key = (sql, epsilon, delta, dialect) if isinstance(sql, str) and plain else None
+        cached = self._plans.get(key) if key is not None else None
         if cached is not None:
             return cached
         normalized = self._normalize(sql, dialect)
@@ -181,7 +184,7 @@ class Connection:
         if public and select is not None and public_only(select, self._policy, self._engine.schema()):
             return select
         plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=normalized)
-        if isinstance(sql, str):
+        if key is not None:
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.pop(next(iter(self._plans)))
                 self._reader.forget()

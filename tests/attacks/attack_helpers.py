@@ -136,7 +136,8 @@ def exact_bounded(conn: dpsql.Connection, sql: str, *, salt: int, epsilon: float
     """
     plan = conn.plan(sql, epsilon=epsilon, delta=delta)
     unfloored = replace(plan, measurements=tuple(replace(m, shift=min(m.shift, 0)) for m in plan.measurements))
-    table = conn._engine.run(bounded_query(unfloored, salt=salt).query)
+    bounded = bounded_query(unfloored, salt=salt)
+    table = conn._engine.run(bounded.query, dict(bounded.lists) or None)
     keys = list(zip(*(table[k.name].to_pylist() for k in plan.group_keys))) if plan.group_keys else [()] * table.num_rows
     out: dict[tuple[str, str | None], dict[tuple[object, ...], float]] = {}
     for m in plan.measurements:
