@@ -242,7 +242,7 @@ class Connection:
         Examples are in :mod:`dpsql.explain`.
         """
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        bounded = self._engine.sql(bounded_query(plan, salt=0).query, pretty=True)
+        bounded = self._engine.shown_sql(bounded_query(plan, salt=0).query)
         budget = self._policy.budget_for(self._analyst)
         composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(

@@ -73,12 +73,13 @@ class Engine(Protocol):
         run many times (DuckDB: its SQL text; Spark: the tree itself)."""
         ...
 
-    def sql(self, query: exp.Expression, *, pretty: bool = False) -> str:
-        """The engine's own SQL for a tree: what :meth:`run` sends (for ``explain``)."""
-        ...
-
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run a query (a tree, or what :meth:`prepare` returned) and return its rows."""
+        ...
+
+    def shown_sql(self, query: exp.Expression) -> str:
+        """The SQL text :meth:`run` sends for ``query``, pretty-printed (what ``explain``
+        shows: the engine's own SQL, not the pipeline's dialect)."""
         ...
 
     def data_version(self) -> str:
@@ -194,13 +195,13 @@ class DuckDBEngine:
         of writing it): the tree may be changed by the writing, so hand it a fresh one."""
         return str(Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False))
 
-    def sql(self, query: exp.Expression, *, pretty: bool = False) -> str:
-        return query.sql(dialect=self.dialect, pretty=pretty)
-
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
         with self._lock:
             return self._con.sql(sql, params=params or None).to_arrow_table()
+
+    def shown_sql(self, query: exp.Expression) -> str:
+        return query.sql(dialect=self.dialect, pretty=True)
 
     def data_version(self) -> str:
         """A name for the data's current version that is not read from the data (see the

@@ -72,7 +72,7 @@ class Reader:
         cost), with the parameter names rewrite reported."""
         held = self._prepared.get(id(plan))
         if held is None or held[0] is not plan:
-            bounded = bounded_query(plan)
+            bounded = bounded_query(plan, list_parameters=True)
             held = (plan, self._engine.prepare(bounded.query), bounded)
             self._prepared[id(plan)] = held
         return held[1], held[2]

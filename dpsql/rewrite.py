@@ -152,7 +152,7 @@ class Bounded:
         return {**self.salts(), **self.lists}
 
 
-def bounded_query(plan: QueryPlan, salt: int | None = None) -> Bounded:
+def bounded_query(plan: QueryPlan, salt: int | None = None, list_parameters: bool = False) -> Bounded:
     """The query whose result is one row per group with every measurement's exact bounded
     sum. ``plan`` must be bound to the engine (:func:`dpsql.engine.bind`): this reads nothing
     but the plan.
@@ -160,12 +160,19 @@ def bounded_query(plan: QueryPlan, salt: int | None = None) -> Bounded:
     With ``salt=None`` the keyed hash takes the query parameter ``$salt2`` (listed in the
     result's ``parameters``): bind a fresh secret salt per run, so the tree can be reused.
     The tree is built once, node by node, and never copied (copies were most of a small
-    query's build cost)."""
+    query's build cost). ``list_parameters=True`` (what the pipeline runs): long lists of
+    listed key values are bound parameters (the result's ``lists``), when the bound engine
+    binds lists; otherwise literal ``IN`` lists, keeping the same pairs."""
     columns = layout(plan)
-    listed = _listed_keys(plan)
+    listed = _listed_keys(plan) if list_parameters else []
     rows = _rows(plan, _row_projections(plan, columns), bound={k for _, k, _, _ in listed})
     if plan.unit_column is None and not plan.unit_is_row:
         query = _final(plan, columns, rows, per_row=True)
+    elif not plan.measurements and plan.selection is None:
+        # only order statistics / UDFs over listed keys (or none): their values come from
+        # value_query and the groups are known without the data, so no pass over it
+        # (LIMIT 0: DuckDB plans the query, typing the keys, and reads nothing)
+        query = _final(plan, columns, rows, per_row=True).limit(0, copy=False)
     else:
         pairs = _pairs(plan, columns, rows)
         if listed:  # listed values bound as lists: kept pairs only (before the group cap)

@@ -11,7 +11,6 @@ import pytest
 import dpsql
 from dpsql.privacy import Ledger
 from dpsql.connection import Connection
-from dpsql.demo import make_demo_database
 from dpsql.engine import DuckDBEngine
 from dpsql.explain import Explanation
 from dpsql.policy import load_policy
@@ -21,10 +20,8 @@ SQL = "SELECT region, COUNT(*) AS n, SUM(visits) AS v, AVG(age) AS mean_age FROM
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("explain") / "demo.duckdb"
-    make_demo_database(path, rows=20_000, units=2_000)
-    return path
+def db(demo_db: Path) -> Path:
+    return demo_db  # built once for the run (conftest)
 
 
 class NoDataEngine:
@@ -46,14 +43,14 @@ class NoDataEngine:
     def distinct_values(self, *args: Any, **kwargs: Any) -> Any:  # public tables only
         return self._engine.distinct_values(*args, **kwargs)  # type: ignore[attr-defined]
 
-    def sql(self, query: Any, *, pretty: bool = False) -> str:
-        return self._engine.sql(query, pretty=pretty)
-
     def prepare(self, query: Any) -> Any:
         return self._engine.prepare(query)
 
     def run(self, query: object) -> Any:
         raise AssertionError("explain read data: engine.run was called")
+
+    def shown_sql(self, query: Any) -> str:  # text only: reads nothing
+        return self._engine.shown_sql(query)
 
     def run_fingerprinted(self, query: object, tables: object) -> Any:
         raise AssertionError("explain read data: engine.run_fingerprinted was called")

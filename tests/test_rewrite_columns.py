@@ -192,16 +192,28 @@ def test_long_key_lists_are_one_bound_list_applied_to_the_pairs(tmp_path, monkey
     with dpsql.connect(path, policy=policy, analyst="t", repeats=False) as zconn:
         plan = zconn.plan("SELECT k, COUNT(*), SUM(x) FROM t GROUP BY k", epsilon=1.0)
         assert plan.sample_groups
-        params = dict(bounded_query(plan).lists)
+        params = dict(bounded_query(plan, list_parameters=True).lists)
         assert list(params.values()) == [zips]
-        text = zconn._engine.prepare(bounded_query(plan).query)
+        text = zconn._engine.prepare(bounded_query(plan, list_parameters=True).query)
         assert "'01499'" not in text and f"${next(iter(params))}" in text and len(text) < 5000
-        bound = zconn._engine.run(bounded_query(plan, salt=3).query, params).to_pylist()
+        bound = zconn._engine.run(bounded_query(plan, salt=3, list_parameters=True).query, params).to_pylist()
+        literal = zconn._engine.run(bounded_query(plan, salt=3).query).to_pylist()  # IN lists
         monkeypatch.setattr(rewrite, "LIST_PARAMETER", 10**9)
-        assert bounded_query(plan).lists == {}
-        literal = zconn._engine.run(bounded_query(plan, salt=3).query).to_pylist()
+        assert bounded_query(plan, list_parameters=True).lists == {}
         monkeypatch.undo()
         assert sorted(bound, key=repr) == sorted(literal, key=repr)
         assert {r["__g0"] for r in bound} <= set(zips) and len(bound) > 50  # 50 units, 2 groups each
         answer = zconn.execute("SELECT k, COUNT(*) FROM t GROUP BY k", epsilon=1.0).fetchall()
         assert sorted(k for k, _ in answer) == zips  # every listed key, none other
+
+
+def test_order_statistics_alone_over_listed_keys_read_no_data_in_the_bounded_query(conn) -> None:
+    """MEDIAN by a listed key: the values come from value_query; the bounded query only types
+    the keys (LIMIT 0) and the answer still has every listed group."""
+    plan = conn.plan("SELECT g, MEDIAN(x) FROM t GROUP BY g", epsilon=1.0, delta=1e-6)
+    assert not plan.measurements and plan.selection is None
+    text = conn._engine.prepare(bounded_query(plan, list_parameters=True).query)
+    assert text.endswith("LIMIT 0") and conn._engine.run(text).num_rows == 0
+    assert sorted(g for g, _ in conn.execute("SELECT g, MEDIAN(x) FROM t GROUP BY g", epsilon=1.0, delta=1e-6).fetchall()) == ["a", "b"]
+    private = conn.plan("SELECT k, MEDIAN(x) FROM t GROUP BY k", epsilon=1.0, delta=1e-6)
+    assert not conn._engine.prepare(bounded_query(private, list_parameters=True).query).endswith("LIMIT 0")  # its groups need the data

@@ -214,18 +214,18 @@ class SparkEngine:
         """The Spark SQL :meth:`run` would send (for ``explain`` and tests)."""
         tree = parse_bounded(query) if isinstance(query, str) else query
         translated = to_spark(tree)
-        if params is None:  # explain: the parameters are bound at run time
-            params = {p.name: 0 for p in translated.find_all(exp.Placeholder)}
-        check_reachable(translated, self._allowed, params)
+        check_reachable(translated, self._allowed, params or {})
         return translated.sql(dialect="spark", pretty=pretty)
 
     def prepare(self, query: exp.Expression) -> exp.Expression:
         """The tree itself: :meth:`run` translates it, no SQL text is parsed again."""
         return query
 
-    def sql(self, query: exp.Expression, *, pretty: bool = False) -> str:
-        """The Spark SQL of a bounded query's tree (what ``explain`` shows)."""
-        return self.spark_sql(query, None, pretty=pretty)
+    def shown_sql(self, query: exp.Expression) -> str:
+        """The Spark SQL :meth:`run` sends for ``query`` (what ``explain`` shows), its salt
+        parameters unbound."""
+        names = {p.name for p in query.find_all(exp.Placeholder)}
+        return self.spark_sql(query, dict.fromkeys(names, 0), pretty=True)
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run a bounded query (a tree, or its text in :attr:`dialect`) with its salts bound

@@ -231,3 +231,35 @@ def test_data_version_follows_source_files(spark, tmp_path: Path) -> None:
 ])
 def test_translation_rules(duckdb_sql: str, spark_sql: str) -> None:
     assert _translated(duckdb_sql) == spark_sql
+
+
+def test_explain_shows_the_spark_sql_it_runs(spark) -> None:
+    """``explain`` on a Spark connection shows the Spark SQL the engine sends (keyed hash as
+    ``xxhash64``, exact sums as DECIMAL(38,0)), which Spark runs as shown; not DuckDB's."""
+    from dpsql.policy import parse_policy
+
+    policy = parse_policy("""
+[privacy]
+max_epsilon_per_query = 10.0
+max_delta_per_query = 1e-5
+default_epsilon = 1.0
+[budget]
+default = { epsilon = 100.0, delta = 0.1 }
+[tables.visits]
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_unit = 3
+[tables.visits.columns]
+region = { public_values = ["north", "south"] }
+income = { bounds = [0, 100] }
+""")
+    frame = spark.createDataFrame([(u % 50, "north" if u % 3 else "south", float(u % 7)) for u in range(300)],
+                                  "user_id BIGINT, region STRING, income DOUBLE")
+    sql = "SELECT region, COUNT(*) AS n, SUM(income) AS s FROM visits GROUP BY region"
+    with dpsql.connect(spark, policy=policy, tables={"visits": frame}) as conn:
+        shown = conn.explain(sql, epsilon=1.0).bounded_sql
+        assert conn.budget().queries == 0
+    assert "XXHASH64(" in shown and "DECIMAL(38, 0)" in shown and "`__u`" in shown
+    assert "INT128" not in shown and "HUGEINT" not in shown and '"' not in shown  # DuckDB's spellings
+    rows = spark.sql(shown).collect()  # the text as shown runs on Spark (its salt is a placeholder 0)
+    assert sorted(r[0] for r in rows) == ["north", "south"]
