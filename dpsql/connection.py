@@ -5,7 +5,7 @@
     plan    = bind(analyze(sql, policy, schema, epsilon, delta), engine)  # every refusal, no data read
     bounded = bounded_query(plan)                            # rewrite: the plan alone -> bounded SQL
     ledger.charge(analyst, budget, charge_of(plan, sql))     # before any private table is read
-    exact   = engine.run(prepared, bounded.salts())          # engine: bounded, clipped, exact sums
+    exact   = engine.run(prepared, bounded.arguments())      # engine: bounded, clipped, exact sums
     noisy   = noisy_table(plan, exact)                       # release: discrete noise, aggregates
     table   = postprocessor.run(plan, noisy)                 # postprocess: select list, HAVING, ORDER BY
     result  = fresh_result(plan, table, cells, sql)          # report: privacy report and accuracy
