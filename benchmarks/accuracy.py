@@ -20,7 +20,7 @@ conn = dpsql.connect(db, policy=str(Path(__file__).parents[1] / "policies" / "de
 # Issue 4: grouped query accuracy at eps=1 (Laplace) vs the exact bounded values
 sql = "SELECT region, COUNT(*) AS n, AVG(income) AS a FROM visits GROUP BY region"
 plan = conn.plan(sql, epsilon=1.0)
-exact = conn._engine.run(bounded_query(plan, conn._engine, salt=1)).to_pylist()
+exact = conn._engine.run(bounded_query(plan, salt=1).query).to_pylist()
 m = {x.kind: x for x in plan.measurements}
 truth = {}
 for r in exact:

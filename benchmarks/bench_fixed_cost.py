@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import dpsql  # noqa: E402
 import dpsql.connection as connection  # noqa: E402
-import dpsql.rewrite as rewrite  # noqa: E402
+import dpsql.read as read  # noqa: E402
 from dpsql.demo import demo_database  # noqa: E402
 from dpsql.engine import DuckDBEngine  # noqa: E402
 from dpsql.postprocess import Postprocessor  # noqa: E402
@@ -108,13 +108,13 @@ def instrument(timer: StageTimer) -> None:
     for name in ("analyze", "public_only", "references_local_table"):
         timer.wrap(connection, name, "analyze")
     timer.wrap(Postprocessor, "check", "analyze")
-    timer.wrap(rewrite, "bounded_query", "rewrite tree")
+    timer.wrap(read, "bounded_query", "rewrite tree")
     timer.wrap(sqlglot.generator.Generator, "generate", "SQL text")
     timer.wrap(DuckDBEngine, "run", "engine")
-    timer.wrap(connection, "noisy_table", "release")
+    timer.wrap(read, "noisy_table", "release")
     timer.wrap(Ledger, "charge", "charge")
     timer.wrap(connection, "charge_of", "charge")
-    timer.wrap(connection, "repeat_key", "repeat store")
+    timer.wrap(connection, "plan_key", "repeat store")
     timer.wrap(RepeatCache, "_get", "repeat store")
     timer.wrap(RepeatCache, "_put", "repeat store")
     for name in ("fresh_result", "with_values"):

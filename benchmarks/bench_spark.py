@@ -148,7 +148,7 @@ def spark_fixed_costs(session: object, policy: dpsql.Policy, epsilon: float, run
 
 def salt_check(session: object, policy: dpsql.Policy, runs: int) -> dict[str, float]:
     """The bounded query on a tiny table, its salt a bound parameter vs a literal."""
-    from dpsql.rewrite import bounded_query, salt_parameters
+    from dpsql.rewrite import bounded_query
     from dpsql.spark import SparkEngine
 
     frame = session.sql("SELECT id % 100 AS user_id, CAST(id % 4 AS STRING) AS region, "  # type: ignore[attr-defined]
@@ -156,9 +156,10 @@ def salt_check(session: object, policy: dpsql.Policy, runs: int) -> dict[str, fl
     engine = SparkEngine(session, tables={"visits": frame})  # type: ignore[arg-type]
     conn = dpsql.Connection(engine, policy, "bench", dpsql.Ledger(None, accountant=policy.accountant), repeats=False)
     plan = conn.plan(QUERY, epsilon=1.0)
-    text = bounded_query(plan, engine).sql(dialect=engine.dialect)
-    param = median_of(lambda: engine.run(text, salt_parameters(text)))
-    literal = median_of(lambda: engine.run(bounded_query(plan, engine, salt=dpsql_salt()).sql(dialect=engine.dialect)))
+    bounded = bounded_query(plan)
+    text = bounded.query.sql(dialect=engine.dialect)
+    param = median_of(lambda: engine.run(text, bounded.salts()))
+    literal = median_of(lambda: engine.run(bounded_query(plan, salt=dpsql_salt()).query.sql(dialect=engine.dialect)))
     param(), literal()
     return {"parameter": statistics.median(param() for _ in range(runs)),
             "literal": statistics.median(literal() for _ in range(runs))}

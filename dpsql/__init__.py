@@ -40,7 +40,8 @@ from dpsql.version import __version__
 if TYPE_CHECKING:
     from dpsql import local as local  # dpsql.local, imported on first use (__getattr__)
     from dpsql.client import Client
-    from dpsql.connection import Connection, connect
+    from dpsql.connection import Connection
+    from dpsql.opener import connect
     from dpsql.policy import Policy, load_policy
     from dpsql.privacy import BudgetStatus, Ledger
     from dpsql.result import Result
@@ -58,7 +59,7 @@ _LAZY = {
     "Ledger": "dpsql.privacy",
     "Policy": "dpsql.policy",
     "Result": "dpsql.result",
-    "connect": "dpsql.connection",
+    "connect": "dpsql.opener",
     "load_policy": "dpsql.policy",
 }
 

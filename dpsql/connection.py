@@ -1,12 +1,19 @@
 """Connection: chains the passes (DESIGN §2).
 
-``execute`` is the whole pipeline, one line per pass::
+``execute`` is the whole pipeline, one line per pass (:meth:`Connection._fresh`)::
 
-    plan  = analyze(sql, policy, schema, epsilon, delta)      # every refusal, no data read
-    ledger.charge(analyst, budget, charge)                    # before any private table is read
-    exact = engine.run(bounded_query(plan, engine))           # bounded, clipped, exact sums
-    noisy = noisy_table(plan, exact)                          # discrete noise, aggregates
-    table = postprocessor.run(plan, noisy)                    # select list, HAVING, ORDER BY
+    plan    = bind(analyze(sql, policy, schema, epsilon, delta), engine)  # every refusal, no data read
+    bounded = bounded_query(plan)                            # rewrite: the plan alone -> bounded SQL
+    ledger.charge(analyst, budget, charge_of(plan, sql))     # before any private table is read
+    exact   = engine.run(prepared, bounded.arguments())      # engine: bounded, clipped, exact sums
+    noisy   = noisy_table(plan, exact)                       # release: discrete noise, aggregates
+    table   = postprocessor.run(plan, noisy)                 # postprocess: select list, HAVING, ORDER BY
+    result  = fresh_result(plan, table, cells, sql)          # report: privacy report and accuracy
+
+with the repeat store (:func:`dpsql.repeats.answer_once`) wrapped around the last five.
+The analyst's SQL is read (parsed and normalized) once per new query text, epsilon is
+checked once (:func:`dpsql.analyze.budget.resolve_budget`) and split once
+(:func:`dpsql.analyze.budget.split_budget`); ``docs/pipeline.md`` follows epsilon hop by hop.
 
 Everything an analyst observes is a release (DESIGN §7), so the order matters:
 
@@ -14,77 +21,57 @@ Everything an analyst observes is a release (DESIGN §7), so the order matters:
 - The ledger decides and records the charge *before* the engine reads a private table, for
   every accountant: a query the budget cannot pay is refused (:class:`BudgetExceeded`)
   without running.
-- If reading the data then fails (an engine error, an interrupt at the deadline, anything
-  raised before the noise is added), the charge stands and the analyst gets one fixed,
-  message-free :class:`~dpsql.errors.QueryFailed`: never the engine's text, which could
-  quote or depend on one person's row. The cause goes to the ``dpsql`` logger (type and
-  stack, no message) for the data owner.
+- If reading the data then fails, the charge stands and the analyst gets one fixed,
+  message-free :class:`~dpsql.errors.QueryFailed` (:mod:`dpsql.read`).
 - An error in post-processing (HAVING, casts of the select list) depends only on noisy
   values and is charged like an answer.
 
-Free repeats (:mod:`dpsql.repeats`). Before anything is charged, ``execute`` looks the query
-up by (analyst, normalised SQL, epsilon, delta, policy and noise, data version): an answer
-released before is returned again, charged nothing, with ``res.cached`` true and a note in
-``res.privacy.notes``. The data version is named without reading the data (see
-:mod:`dpsql.engine`). Otherwise the charge, the run and the stored answer happen in one
-transaction of the answers file, so that two processes asking the same new query pay once
-and see one answer. A connection opened with ``repeats=False``, and a query that uses a
-registered UDF (its code is not in the key) get no repeats: each execute is charged and
-draws fresh noise.
-
-Timing (:mod:`dpsql.timing`). With ``deadline=`` the answer (or error) of a query that reads
-data is held until a deadline computed from public facts only; the server always does this.
-
-Dry runs (:mod:`dpsql.explain`). ``explain`` and ``epsilon_for`` work on plans alone: they
-read no data and charge nothing.
+Free repeats (:mod:`dpsql.repeats`): a query answered before, on the same data version, is
+served its first answer again, charged nothing (``res.cached``); not with ``repeats=False``
+nor for a query using a registered UDF. Timing (:mod:`dpsql.timing`): with ``deadline=`` an
+answer that read data is held until a deadline computed from public facts only. Dry runs
+(:mod:`dpsql.explain`): ``explain`` and ``epsilon_for`` read no data and charge nothing.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
-import traceback
-from collections.abc import Mapping
-from dataclasses import asdict, replace
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-import duckdb
-import pyarrow as pa
+
 import sqlglot.expressions as exp
 
-from dpsql.privacy import BudgetStatus, Charge, Ledger
-from dpsql.analyze import analyze, resolve_budget
-from dpsql.normalize import check_dialect, query_budget
+from dpsql.analyze import analyze
+from dpsql.normalize import Normalized, check_dialect, normalize
 from dpsql.normalize import without_options as _without_options
+from dpsql.privacy import BudgetStatus, Charge, Ledger
 from dpsql.public import engine_query, public_only, public_result
-from dpsql.repeats import RepeatCache, policy_fingerprint, repeat_key
-from dpsql.datasources import open_engine
-from dpsql.engine import Engine
-from dpsql.errors import Error, QueryFailed
+from dpsql.repeats import Released, RepeatCache, answer_once, plan_key, policy_fingerprint
+from dpsql.cursor import Cursor
+from dpsql.engine import Engine, bind
+from dpsql.errors import Error, QueryFailed, QueryRejected
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
 from dpsql.local.query import answer as answer_local
 from dpsql.local.query import references_local_table
 from dpsql.local.store import ReportStore, open_report_store
 from dpsql.noise import RandomSource
 from dpsql.plan import QueryPlan
-from dpsql.policy import Policy, check_against_schema, load_policy
+from dpsql.policy import Policy
 from dpsql.postprocess import Postprocessor
-from dpsql.release import noisy_schema, noisy_table
-from dpsql.release.bias import BIAS_SHARE, DEADLINE_FACTOR, attach, bias_mechanisms, estimate_bias
+from dpsql.release import noisy_schema
+from dpsql.release.bias import DEADLINE_FACTOR, attach, bias_mechanisms, bias_split, estimate_bias
 from dpsql.release.clamp import clamp_result
-from dpsql.result import Accuracy, Result
-from dpsql.rewrite import bounded_query, bounded_sql, key_parameters, salt_parameters, value_query
-from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
+from dpsql.result import Result
+from dpsql.read import Reader
+from dpsql.rewrite import bounded_query
+from dpsql.timing import Timing
 from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
-from dpsql.report import charge_of, described, fresh_result, privacy_report, repeat_result, uses_udf, with_values
+from dpsql.report import charge_of, fresh_result, listed_keys_result, privacy_report, uses_udf, with_values
 
-if TYPE_CHECKING:
-    from dpsql.dbapi import Cursor
 
-__all__ = ["Connection", "Explanation", "connect"]
+__all__ = ["Connection", "Explanation"]
 
 log = logging.getLogger("dpsql")
 
@@ -148,7 +135,7 @@ class Connection:
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
         self._plans: dict[tuple[str, float | None, float | None, str | None], QueryPlan] = {}
-        self._sql_texts: dict[int, tuple[QueryPlan, str]] = {}
+        self._reader = Reader(engine, noise_source)
         self._answers: RepeatCache | None = None
         self._timing = timing
         if repeats and hasattr(engine, "data_version"):
@@ -173,28 +160,52 @@ class Connection:
         DuckDB's). Plans are remembered per (SQL text, epsilon, delta, dialect) for this
         connection (they depend only on those, the policy, the schema and the registered
         UDFs, which clears them)."""
+        plan = self._query(sql, epsilon, delta, dialect, public=False)
+        assert isinstance(plan, QueryPlan)
+        return plan
+
+    def _query(self, sql: str, epsilon: float | None, delta: float | None, dialect: str | None, *,
+               public: bool) -> QueryPlan | exp.Select:
+        """The plan of ``sql`` (remembered per SQL text, requested epsilon and delta, and
+        dialect: a remembered plan passed every check), or with ``public``, the normalized
+        query when it reads public tables only. The SQL is read once here; epsilon and
+        delta are checked once, by the analyzer."""
         self._check_open()
         dialect = dialect or self._dialect
-        epsilon, delta = query_budget(sql, epsilon, delta)  # a BigQuery OPTIONS clause's
-        epsilon, delta = resolve_budget(self._policy, epsilon, delta)  # checked before any lookup
-        key = (sql, epsilon, delta, dialect)
-        cached = self._plans.get(key) if isinstance(sql, str) else None
+        # a remembered plan is found only by values the analyzer accepted (any other is
+        # refused by it, and may not even be hashable)
+        plain = all(v is None or type(v) in (int, float) for v in (epsilon, delta))
+        key = (sql, epsilon, delta, dialect) if isinstance(sql, str) and plain else None
+        cached = self._plans.get(key) if key is not None else None
         if cached is not None:
             return cached
-        plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        if isinstance(sql, str):
+        normalized = self._normalize(sql, dialect)
+        select = normalized.select if normalized is not None else None
+        if public and select is not None and public_only(select, self._policy, self._engine.schema()):
+            return select
+        plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=normalized)
+        if key is not None:
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.pop(next(iter(self._plans)))
-                self._sql_texts.clear()
+                self._reader.forget()
             self._plans[key] = plan
         return plan
 
+    def _normalize(self, sql: str, dialect: str | None) -> Normalized | None:
+        """The analyst's SQL, parsed and normalized (:mod:`dpsql.normalize`); ``None`` when
+        it cannot be read (the analyzer then gives the refusal, after its budget check)."""
+        try:
+            return normalize(sql, self._policy, self._engine.schema(), dialect=dialect, public_query=self._public_rows)
+        except QueryRejected:
+            return None
+
     def _analyze(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
-                 dialect: str | None = None) -> QueryPlan:
-        plan = analyze(
+                 dialect: str | None = None, normalized: Normalized | None = None) -> QueryPlan:
+        plan = bind(analyze(
             sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
             public_values=self._public_values, udfs=self._udfs, dialect=dialect, public_rows=self._public_rows,
-        )
+            normalized=normalized,
+        ), self._engine)
         self._post.check(plan, noisy_schema(plan))
         for release in plan.value_releases:  # refusals the release would make: before the charge
             check_strategy(release.target, plan.delta)  # type: ignore[arg-type]
@@ -228,37 +239,10 @@ class Connection:
         a query already answered on unchanged data would be free; telling whether the data
         changed needs a read, so the full cost is shown.
 
-        >>> import duckdb, dpsql
-        >>> from dpsql.policy import parse_policy
-        >>> con = duckdb.connect()
-        >>> _ = con.execute("CREATE TABLE t AS SELECT range AS uid, range % 100 AS x FROM range(1000)")
-        >>> policy = parse_policy('''
-        ... [privacy]
-        ... max_epsilon_per_query = 1.0
-        ... max_delta_per_query = 1e-6
-        ... default_epsilon = 0.5
-        ... [budget]
-        ... default = { epsilon = 5.0, delta = 1e-5 }
-        ... [tables.t]
-        ... privacy_unit = "uid"
-        ... max_groups_per_unit = 1
-        ... max_rows_per_unit = 1
-        ... [tables.t.columns]
-        ... x = { bounds = [0, 100] }
-        ... ''')
-        >>> conn = dpsql.connect(con, policy=policy)
-        >>> e = conn.explain("SELECT COUNT(*) AS n, AVG(x) AS mean_x FROM t", epsilon=0.5)
-        >>> e.columns["n"].half_width, e.columns["mean_x"].depends_on
-        (18.0, 'count')
-        >>> round(e.half_width_for("mean_x", count=1000, mean=50), 2)
-        0.9
-        >>> conn.epsilon_for("SELECT COUNT(*) AS n FROM t", "n", 10)
-        0.2996
-        >>> conn.budget().queries
-        0
+        Examples are in :mod:`dpsql.explain`.
         """
         plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        bounded = self._engine.shown_sql(bounded_query(plan, self._engine, salt=0))
+        bounded = self._engine.shown_sql(bounded_query(plan, salt=0).query)
         budget = self._policy.budget_for(self._analyst)
         composition = dry_run_composition(self._ledger, self._analyst, budget, charge_of(plan, sql))
         return Explanation(
@@ -302,11 +286,11 @@ class Connection:
     def _replan(self, sql: str, epsilon: float, delta: float, dialect: str | None = None) -> QueryPlan:
         """Plan an already-checked query at another epsilon (pure: no data, no charge)."""
         self._check_open()
-        return analyze(
+        return bind(analyze(
             _without_options(sql), self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
             public_values=self._public_values, udfs=self._udfs, dialect=dialect or self._dialect,
             public_rows=self._public_rows,
-        )
+        ), self._engine)
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
                 clamp_counts: bool = False,
@@ -334,131 +318,71 @@ class Connection:
         if references_local_table(sql, self._policy):  # local DP: post-processing, no charge
             self._check_open()
             return answer_local(sql, self._policy, self._reports)
-        self._check_open()
-        public = public_only(sql, self._policy, self._engine.schema(), dialect=dialect or self._dialect,
-                             public_query=self._public_rows)
-        if public is not None:  # only public tables: exact, free
-            return public_result(public, self._engine, sql)
+        share = 0.0
         if bias:  # the estimate takes its share of the query's epsilon
-            epsilon = (self._policy.default_epsilon if epsilon is None else epsilon) * (1 - BIAS_SHARE)
-        plan = self.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
+            epsilon, share = bias_split(self._policy.default_epsilon if epsilon is None else epsilon)
+        plan = self._query(sql, epsilon, delta, dialect, public=True)  # analyze: every refusal, no data read
+        if not isinstance(plan, QueryPlan):  # only public tables: exact, free
+            return public_result(plan, self._engine, sql)
         if not plan.measurements and plan.selection is None and not plan.value_releases:
-            return self._listed_keys(plan, sql)
+            return listed_keys_result(plan, self._post, sql)  # keys the policy lists: free
         timing = self._timing
         if bias and timing is None:
-            result = self._execute_with_bias(plan, sql)
+            result = self._execute_with_bias(plan, sql, share)
         elif bias and timing is not None:  # a second pass over the same rows, grouped as the query's
-            result = timing.hold(lambda late: self._execute_with_bias(plan, sql, late),
+            result = timing.hold(lambda late: self._execute_with_bias(plan, sql, share, late),
                                  DEADLINE_FACTOR * timing.deadline(plan))
         elif self._timing is None or self.is_repeat(plan, sql):
-            result = self._execute(plan, sql)
+            result = self._answer(plan, sql)
         else:
-            result = self._timing.hold(lambda late: self._execute(plan, sql, late), self._timing.deadline(plan))
+            result = self._timing.hold(lambda late: self._answer(plan, sql, late), self._timing.deadline(plan))
         return clamp_result(result, plan) if clamp_counts else result
 
-    def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
+    def _execute_with_bias(self, plan: QueryPlan, sql: str, share: float,
+                           late: threading.Event | None = None) -> Result:
         """The query at ``1 - BIAS_SHARE`` of the epsilon asked and the bias estimates at the
-        rest (:mod:`dpsql.release.bias`): one charge for both, before any data is read, and
-        both reads inside the deadline; no repeat store."""
-        share = plan.epsilon * BIAS_SHARE / (1 - BIAS_SHARE)
+        rest, ``share`` (:mod:`dpsql.release.bias`): one charge for both, before any data is
+        read, and both reads inside the deadline; no repeat store."""
         base = charge_of(plan, sql)
-        charge = Charge(base.epsilon + share, base.delta, sql, (*base.mechanisms, *bias_mechanisms(plan, share)))
+        charge = Charge(base.epsilon + share, base.delta, sql, (*base.events, *bias_mechanisms(plan, share)))
         self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)
-        noisy, report = self._read(plan, late)
+        noisy, values = self._reader.read(plan, late)
         try:
             if late is not None and late.is_set():
                 raise TimeoutError
             estimate, per_group = estimate_bias(plan, self._engine, share, noisy, self._source)
             if late is not None and late.is_set():
                 raise TimeoutError
-        except Exception as exc:  # noqa: BLE001 - charged: the one fixed failure, as in _read
+        except Exception as exc:  # noqa: BLE001 - charged: the one fixed failure, as in read.py
             log.warning("a charged bias estimate failed (%s)", type(exc).__name__)
             estimate = None
         if estimate is None:
             raise QueryFailed()
         table, cells = self._post.run(plan, noisy)
-        result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report)
+        result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, values)
         names = [n for n in per_group.column_names if n.startswith("__bias")]
         return attach(result, plan, estimate, self._post.carry(plan, per_group, names), charge.epsilon)
-
-    def _listed_keys(self, plan: QueryPlan, sql: str) -> Result:
-        """GROUP BY keys the policy lists, and nothing measured (``SELECT DISTINCT region``):
-        the answer is every listed value, known without the data, so nothing is read or
-        charged (issue 14, item 3)."""
-        schema = noisy_schema(plan)
-        grid = list(itertools.product(*(k.public_values or () for k in plan.group_keys)))
-        columns = [pa.array([row[i] for row in grid], type=schema.field(k.name).type) for i, k in enumerate(plan.group_keys)]
-        noisy = pa.table(columns, names=[k.name for k in plan.group_keys])
-        table, cells = self._post.run(plan, noisy)
-        report = privacy_report(plan)
-        note = "only keys the policy lists were asked for: the answer is known without the data, and free"
-        return Result(table, replace(report, epsilon=0.0, delta=0.0, notes=(*report.notes, note)), Accuracy(cells), sql)
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
         if self._answers is None or uses_udf(plan):
             return False
-        return self._answers.get(self._repeat_key(plan, sql), self._anchor()) is not None
+        return self._answers.get(self._repeat_key(plan), self._anchor()) is not None
 
-    def _execute(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
+    def _answer(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
+        """A fresh answer, with the repeat store wrapped around it (keyed on the plan)."""
         if self._answers is None or uses_udf(plan):
-            return self._charge_and_answer(plan, sql, charge_of(plan, sql), late)[0]
-        key = self._repeat_key(plan, sql)
-        cached = self._answers.get(key, self._anchor())
-        if cached is not None:
-            return repeat_result(plan, cached, sql)
-        with self._answers.claim() as claim:
-            cached = claim.get(key, self._anchor)  # read again after waiting for another asker
-            if cached is not None:  # another connection answered it meanwhile
-                return repeat_result(plan, cached, sql)
-            result, table, cells = self._charge_and_answer(plan, sql, charge_of(plan, sql), late)
-            claim.put(key, self._anchor(), self._analyst, sql, table, cells, asdict(result.privacy))
-        return result
+            return self._fresh(plan, sql, charge_of(plan, sql), late).result
+        return answer_once(self._answers, self._repeat_key(plan), self._anchor, self._analyst, plan, sql,
+                           lambda: self._fresh(plan, sql, charge_of(plan, sql), late))
 
-    def _charge_and_answer(
-        self, plan: QueryPlan, sql: str, charge: Charge, late: threading.Event | None = None
-    ) -> tuple[Result, pa.Table, dict[str, list[float | None]]]:
-        """Charge (before any data is read), read and noise, post-process: a fresh answer,
-        with the table and cells the repeat store keeps."""
+    def _fresh(self, plan: QueryPlan, sql: str, charge: Charge, late: threading.Event | None = None) -> Released:
+        """charge -> engine -> release -> postprocess -> report: the charge is made before
+        any private table is read."""
         self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)
-        noisy, report = self._read(plan, late)
+        noisy, values = self._reader.read(plan, late)
         table, cells = self._post.run(plan, noisy)
-        return with_values(fresh_result(plan, table, cells, sql, cached=False), plan, report), table, cells
-
-    def _read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
-        """Run the bounded query and add the noise: the only step that reads private data.
-
-        Called after the charge. Whatever goes wrong here (an engine error, an interrupt, a
-        bug) becomes one :class:`QueryFailed` with a fixed message; the exception is
-        logged for the data owner (type and stack, never its message) and raised outside
-        this ``except`` block, so not even ``__context__`` carries it to the caller.
-        ``late`` is set when the query's deadline has passed (:mod:`dpsql.timing`): what was
-        read is then discarded.
-        """
-        try:
-            text = self._bounded_sql(plan)
-            exact = self._engine.run(text, {**salt_parameters(text), **key_parameters(plan, self._engine)})
-            if late is None or not late.is_set():
-                return self._noisy(plan, exact)
-        except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
-            log.warning("a charged query failed while reading the data (%s); stack:\n%s",
-                        type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
-        raise QueryFailed()
-
-    def _bounded_sql(self, plan: QueryPlan) -> str:
-        """The bounded query's text, its salts left as parameters: generated once per plan
-        (a plan is immutable; generating SQL is most of a small query's fixed cost)."""
-        text = self._sql_texts.get(id(plan))
-        if text is None or text[0] is not plan:
-            text = (plan, bounded_sql(plan, self._engine))
-            self._sql_texts[id(plan)] = text
-        return text[1]
-
-    def _noisy(self, plan: QueryPlan, exact: pa.Table) -> tuple[pa.Table, dict[str, list[object]]]:
-        """Noisy aggregates, fetching first the values order statistics and UDFs read."""
-        values = {r.name: self._engine.run(value_query(plan, r, self._engine)) for r in plan.value_releases}
-        report: dict[str, list[object]] = {}
-        return noisy_table(plan, exact, self._source, values=values, report=report), report
+        return Released(with_values(fresh_result(plan, table, cells, sql, cached=False), plan, values), table, cells)
 
     def register_udf(
         self,
@@ -481,13 +405,10 @@ class Connection:
         udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)
         self._udfs[udf.name] = udf
         self._plans.clear()
-        self._sql_texts.clear()
+        self._reader.forget()
 
-    def _repeat_key(self, plan: QueryPlan, sql: str) -> str:
-        return repeat_key(
-            analyst=self._analyst, sql=plan.normalized or sql, epsilon=plan.epsilon, delta=plan.delta,
-            policy=self._policy_fingerprint, noise=described(plan), data=self._engine.data_version(),
-        )
+    def _repeat_key(self, plan: QueryPlan) -> str:
+        return plan_key(plan, analyst=self._analyst, policy=self._policy_fingerprint, data=self._engine.data_version())
 
     def _anchor(self) -> str:
         """The analyst's first ledger event (id and time): it changes only when the ledger
@@ -503,8 +424,6 @@ class Connection:
     def cursor(self, *, epsilon: float | None = None, delta: float | None = None) -> Cursor:
         """A DB-API cursor spending ``epsilon``/``delta`` per execute (default: the
         connection's ``epsilon``/``delta``); see :mod:`dpsql.dbapi`."""
-        from dpsql.dbapi import Cursor  # noqa: PLC0415 - dbapi builds on this module
-
         self._check_open()
         return Cursor(self, epsilon=self.epsilon if epsilon is None else epsilon,
                       delta=self.delta if delta is None else delta)
@@ -546,83 +465,3 @@ class Connection:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def connect(
-    database: str | os.PathLike[str] | duckdb.DuckDBPyConnection | object | None = None,
-    policy: str | os.PathLike[str] | Policy | None = None,
-    analyst: str = "default",
-    ledger: str | os.PathLike[str] | Ledger | None = None,
-    *,
-    noise_source: RandomSource | None = None,
-    repeats: bool = True,
-    data_version: str | None = None,
-    deadline: bool | TimingModel = False,
-    tables: Mapping[str, object] | None = None,
-    reports: str | os.PathLike[str] | ReportStore | None = None,
-    dialect: str | None = None,
-) -> Connection:
-    """Open a differentially private connection.
-
-    Args:
-        database: a DuckDB file (opened read-only and hardened), an existing
-            ``duckdb.DuckDBPyConnection`` (trusted as configured; see :mod:`dpsql.engine`),
-            a ``pyspark.sql.SparkSession`` (:mod:`dpsql.spark`), or ``None`` when the
-            tables come from ``tables=`` or the policy's ``source =`` entries.
-        tables: policy table name -> its data: a Parquet/CSV/JSON path, glob or folder,
-            ``"file.duckdb:table"``, or a pandas/polars DataFrame or Arrow table
-            (:mod:`dpsql.datasources`); read through dpsql's own hardened DuckDB, or by
-            Spark when ``database`` is a SparkSession.
-        policy: the policy file, or a loaded :class:`~dpsql.policy.Policy`.
-        analyst: whose budget queries are charged to.
-        ledger: a SQLite ledger path (shared safely by every process that opens it), a
-            :class:`~dpsql.privacy.Ledger`, or ``None`` for an in-memory ledger that
-            lasts as long as the connection.
-        noise_source: for tests only: a seeded :class:`~dpsql.noise.RandomSource`.
-            Production noise always comes from the operating system's CSPRNG.
-        repeats: ``True`` (the default): a repeated query (same analyst, SQL up to spacing
-            and keyword case, epsilon, delta, policy and data) gets its first answer again,
-            free; answers are kept beside the ledger file (``<ledger>.answers``) or in
-            memory. ``False``: every execute is charged and draws fresh noise (for
-            statistical tests of the noise).
-        data_version: for a wrapped connection whose data changes: a name for the data's
-            current version (a load date, a snapshot id). Stored answers are served again
-            only under the same version; nothing reads the data to find out whether it
-            changed (see :mod:`dpsql.repeats`). A file opened by path is versioned by its
-            identity and modification time.
-        deadline: hold each answer that reads data until a deadline computed from public
-            facts (:mod:`dpsql.timing`): ``True`` measures this machine's speed first
-            (about a second), or pass a :class:`~dpsql.timing.TimingModel`. Off by default:
-            in the embedded API the analyst shares the process; the server always does it.
-        reports: the report store (a SQLite path or a ``ReportStore``) holding the shuffled
-            reports of the policy's ``model = "local"`` tables; queries over them are
-            answered from it, free of central budget (:mod:`dpsql.local`).
-        dialect: the SQL dialect queries are written in (sqlglot's reader names:
-            "postgres", "bigquery", "tsql", "spark" ...); ``execute(dialect=...)``
-            overrides it per query. Default: DuckDB's.
-
-    Raises:
-        PolicyError: the policy is malformed or does not match the database.
-    """
-    if policy is None:
-        raise Error("dpsql.connect needs policy=: the policy file, or a loaded dpsql.Policy.")
-    loaded = policy if isinstance(policy, Policy) else load_policy(policy)
-    engine = open_engine(database, loaded, tables=tables, data_version=data_version)
-    try:
-        check_against_schema(loaded, engine.schema())
-        timing = None
-        if deadline is not False:
-            model = deadline if isinstance(deadline, TimingModel) else calibrate(pipeline=Connection)
-            timing = Timing(model, table_sizes(loaded, engine), engine.interrupt)
-        book = ledger if isinstance(ledger, Ledger) else Ledger(ledger, accountant=loaded.accountant)
-    except BaseException:
-        engine.close()
-        raise
-    try:
-        return Connection(engine, loaded, analyst, book, noise_source=noise_source, repeats=repeats, timing=timing,
-                          reports=reports, dialect=dialect)
-    except BaseException:
-        engine.close()
-        if book is not ledger:
-            book.close()
-        raise

@@ -28,16 +28,19 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Protocol
 
 import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
+from sqlglot.dialects.dialect import Dialect
 
 from dpsql.errors import Error, InternalError
 from dpsql.hardened import lock, open_private
+from dpsql.plan import QueryPlan
 
-__all__ = ["DuckDBEngine", "Engine"]
+__all__ = ["DuckDBEngine", "Engine", "bind"]
 
 _ATTACHED = "dpsql_data"
 
@@ -65,8 +68,13 @@ class Engine(Protocol):
         """A (public) table's distinct values of a column, ``None`` past ``limit``."""
         ...
 
+    def prepare(self, query: exp.Expression) -> exp.Expression | str:
+        """What :meth:`run` takes for a bounded query's tree, prepared once per plan and
+        run many times (DuckDB: its SQL text; Spark: the tree itself)."""
+        ...
+
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
-        """Run a query (a tree, or SQL text in the engine's dialect) and return its rows."""
+        """Run a query (a tree, or what :meth:`prepare` returned) and return its rows."""
         ...
 
     def shown_sql(self, query: exp.Expression) -> str:
@@ -80,6 +88,30 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def bind(plan: QueryPlan, engine: Engine) -> QueryPlan:
+    """``plan`` with what the bounded query needs from ``engine`` written into it: the
+    reference to each table read, each stored source's column types and each source's row
+    id. After this :mod:`dpsql.rewrite` reads nothing but the plan."""
+    names = {s.table.casefold() for s in plan.sources if s.query is None}
+    for source in plan.sources:
+        if source.query is not None:
+            names.update(t.name.casefold() for t in source.query.find_all(exp.Table))
+    if plan.where is not None:  # IN / EXISTS over policy tables (dpsql.analyze.semijoins)
+        names.update(t.name.casefold() for t in plan.where.find_all(exp.Table))
+    schema = engine.schema()
+    sources = []
+    for source in plan.sources:
+        if source.query is not None:  # a derived table's rows are unique: the hash of the row
+            row_id: exp.Expression = exp.Anonymous(this="hash", expressions=[exp.column(source.alias, quoted=True)])
+            sources.append(replace(source, row_id=row_id))
+        else:
+            types = tuple(schema[source.table.casefold()].items())
+            sources.append(replace(source, types=types, row_id=engine.row_id(source.alias, source.table)))
+    tables = tuple((name, engine.table(name)) for name in sorted(names))
+    lists = bool(getattr(engine, "list_parameters", False))
+    return replace(plan, sources=tuple(sources), tables=tables, list_parameters=lists)
 
 
 class DuckDBEngine:
@@ -159,6 +191,11 @@ class DuckDBEngine:
         )
         values = self.run(query).column(0).to_pylist()
         return None if len(values) > limit else tuple(values)
+
+    def prepare(self, query: exp.Expression) -> str:
+        """The tree's text, written without the copy sqlglot's ``.sql()`` makes first (60%
+        of writing it): the tree may be changed by the writing, so hand it a fresh one."""
+        return str(Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False))
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)

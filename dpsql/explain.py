@@ -12,6 +12,37 @@ group's number of rows after contribution bounding) and an assumed mean, by defa
 worst case (a mean on one of the bounds), with the same formula the release uses
 (:func:`dpsql.release.average_half_width`). A public group key has half-width 0; an
 expression over several aggregates has none.
+
+Through a connection (:meth:`dpsql.Connection.explain`, :meth:`dpsql.Connection.epsilon_for`):
+
+    >>> import duckdb, dpsql
+    >>> from dpsql.policy import parse_policy
+    >>> con = duckdb.connect()
+    >>> _ = con.execute("CREATE TABLE t AS SELECT range AS uid, range % 100 AS x FROM range(1000)")
+    >>> policy = parse_policy('''
+    ... [privacy]
+    ... max_epsilon_per_query = 1.0
+    ... max_delta_per_query = 1e-6
+    ... default_epsilon = 0.5
+    ... [budget]
+    ... default = { epsilon = 5.0, delta = 1e-5 }
+    ... [tables.t]
+    ... privacy_unit = "uid"
+    ... max_groups_per_unit = 1
+    ... max_rows_per_unit = 1
+    ... [tables.t.columns]
+    ... x = { bounds = [0, 100] }
+    ... ''')
+    >>> conn = dpsql.connect(con, policy=policy)
+    >>> e = conn.explain("SELECT COUNT(*) AS n, AVG(x) AS mean_x FROM t", epsilon=0.5)
+    >>> e.columns["n"].half_width, e.columns["mean_x"].depends_on
+    (18.0, 'count')
+    >>> round(e.half_width_for("mean_x", count=1000, mean=50), 2)
+    0.9
+    >>> conn.epsilon_for("SELECT COUNT(*) AS n FROM t", "n", 10)
+    0.2996
+    >>> conn.budget().queries
+    0
 """
 
 from __future__ import annotations

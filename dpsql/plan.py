@@ -93,7 +93,11 @@ class Source:
         query: for a derived table (a per-unit aggregating subquery, issue 14), the query
             that computes it, over policy tables named as in the policy; ``None`` for a
             table read as it is.
-        types: for a derived table, its columns' engine types (casefolded name, type).
+        types: its columns' engine types (casefolded name, type): a derived table's from
+            the analyzer, a stored table's from the engine when the plan is bound
+            (:func:`dpsql.engine.bind`).
+        row_id: an expression telling its rows apart (keyed row sampling, row-level
+            units), set when the plan is bound: the engine's row id, or a hash of the row.
     """
 
     alias: str
@@ -102,6 +106,7 @@ class Source:
     on: exp.Expr | None = None
     query: exp.Select | None = None
     types: tuple[tuple[str, str], ...] = ()
+    row_id: exp.Expression | None = None
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,16 @@ class ValueRelease:
     #: the share of a release's epsilon spent on its noisy unit count
     COUNT_SHARE = 0.05
 
+    @property
+    def count_epsilon(self) -> float:
+        """The epsilon of the noisy unit count that picks the mechanism, per group."""
+        return self.epsilon * self.COUNT_SHARE
+
+    @property
+    def answer_epsilon(self) -> float:
+        """The epsilon left for the answer itself, per group."""
+        return self.epsilon - self.count_epsilon
+
     def describe(self) -> dict[str, object]:
         return {
             "measurement": "value_release",
@@ -331,6 +346,12 @@ class QueryPlan:
             is a unit (identified by its row id) and is bounded like one.
         normalized: the query as the analyzer read it (DuckDB's dialect, after
             :mod:`dpsql.normalize`): what repeats are keyed on, whatever the dialect.
+        tables: casefolded policy table -> the engine's fully qualified reference to it,
+            for every table the bounded query reads (derived tables' inner ones too); set
+            when the plan is bound to an engine (:func:`dpsql.engine.bind`), so that
+            :mod:`dpsql.rewrite` needs nothing but the plan.
+        list_parameters: whether the bound engine binds lists as query parameters (DuckDB
+            does): long lists of listed key values are then bound, not written out.
     """
 
     sql: str
@@ -354,12 +375,29 @@ class QueryPlan:
     value_releases: tuple[ValueRelease, ...] = ()
     notes: tuple[str, ...] = field(default=())
     normalized: str = ""
+    tables: tuple[tuple[str, exp.Table], ...] = ()
+    list_parameters: bool = False
 
     def measurement(self, name: str) -> Measurement:
         for m in self.measurements:
             if m.name == name:
                 return m
         raise KeyError(name)
+
+    def table_ref(self, name: str) -> exp.Table:
+        """The engine's reference to policy table ``name`` (a copy; the plan must be bound)."""
+        key = name.casefold()
+        for table, ref in self.tables:
+            if table == key:
+                return ref.copy()
+        raise KeyError(f"table {name!r} is not bound in this plan; bind it to an engine first (dpsql.engine.bind)")
+
+    def source(self, alias: str) -> Source:
+        """The source read as ``alias``."""
+        for source in self.sources:
+            if source.alias == alias:
+                return source
+        raise KeyError(alias)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import sqlglot.expressions as exp
 
 from dpsql.engine import Engine
 from dpsql.errors import QueryRejected, first_line
-from dpsql.normalize import PublicQuery, normalize
 from dpsql.policy import Policy
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
@@ -32,26 +31,20 @@ def _tables(select: exp.Expression) -> list[exp.Table]:
     return [t for t in select.find_all(exp.Table) if t.name.casefold() not in ctes]
 
 
-def public_only(
-    sql: str, policy: Policy, schema: Mapping[str, Mapping[str, str]], *, dialect: str | None = None,
-    public_query: PublicQuery | None = None,
-) -> exp.Select | None:
-    """The normalized query when it reads public tables only (and at least one), else
-    ``None`` (the private pipeline then checks it, and refuses it if it must)."""
-    if not isinstance(sql, str) or not any(t.public for t in policy.tables.values()):
-        return None
-    try:
-        select = normalize(sql, policy, schema, dialect=dialect, public_query=public_query).select
-    except QueryRejected:
-        return None  # the analyzer gives the refusal
+def public_only(select: exp.Select | None, policy: Policy, schema: Mapping[str, Mapping[str, str]]) -> bool:
+    """Whether a normalized query (:func:`dpsql.normalize.normalize`; ``None`` when it could
+    not be read) reads public tables only, and at least one. Otherwise the private
+    pipeline checks it, and refuses it if it must."""
+    if select is None or not any(t.public for t in policy.tables.values()):
+        return False
     tables = _tables(select)
     if not tables:
-        return None
+        return False
     for table in tables:
         entry = policy.table(table.name) if isinstance(table.this, exp.Identifier) else None
         if entry is None or not entry.public or table.name.casefold() not in schema:
-            return None
-    return select
+            return False
+    return True
 
 
 def engine_query(select: exp.Select, engine: Engine) -> exp.Select:

@@ -74,10 +74,10 @@ gets the first answer anyone saw.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
-import math
 import os
 import secrets
 import sqlite3
@@ -85,7 +85,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -93,9 +93,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import sqlglot
 
-from dpsql.errors import Error
-from dpsql.policy import Policy
 from dpsql.analyze.parse import DIALECT
+from dpsql.codec import cells_from_payload, cells_payload, dumps, loads, report_from_payload, report_payload
+from dpsql.errors import Error
+from dpsql.plan import QueryPlan
+from dpsql.policy import Policy
+from dpsql.report import described
+from dpsql.result import Accuracy, Result
 from dpsql.sqlitefile import guarded, open_database, write_transaction
 
 __all__ = [
@@ -103,7 +107,10 @@ __all__ = [
     "REPEAT_NOTE",
     "CachedAnswer",
     "RepeatCache",
+    "Released",
+    "answer_once",
     "normalise_sql",
+    "plan_key",
     "policy_fingerprint",
     "repeat_key",
 ]
@@ -148,7 +155,54 @@ class CachedAnswer:
     time: float
     privacy: Mapping[str, Any]
 
+    def result(self, plan: QueryPlan, sql: str) -> Result:
+        """The stored answer, under this query's column names, with the privacy report it
+        was released with, marked as a free repeat."""
+        table = self.table
+        if table.num_columns != len(plan.output_names):
+            raise Error("a stored answer does not match this query's columns; delete the answers file "
+                        "beside the ledger. This is probably a bug in dpsql.")
+        renamed = table.rename_columns(list(plan.output_names))
+        pairs = list(zip(table.column_names, plan.output_names))
+        cells = {new: list(self.cells.get(old, [None] * table.num_rows)) for old, new in pairs}
+        stored = report_from_payload(self.privacy)
+        columns = {new: stored.columns[old] for old, new in pairs}
+        report = replace(stored, columns=columns, notes=(*stored.notes, REPEAT_NOTE))
+        result = Result(renamed, report, Accuracy(cells), sql)
+        result.cached = True
+        return result
 
+
+@dataclass(frozen=True)
+class Released:
+    """A fresh answer as the pipeline released it: the result, and the visible table and
+    accuracy cells the repeat store keeps."""
+
+    result: Result
+    table: pa.Table
+    cells: Mapping[str, list[float | None]]
+
+
+def answer_once(store: RepeatCache, key: str, anchor: Callable[[], str], analyst: str, plan: QueryPlan,
+                sql: str, fresh: Callable[[], Released]) -> Result:
+    """The repeat store as a wrapper around the pipeline: the answer stored under ``key``
+    (free), else ``fresh()`` (which charges, reads and releases) stored under ``key`` in
+    the same transaction of the answers file (see the module docstring). ``anchor()`` names
+    the analyst's first ledger event; it is asked again after ``fresh()`` has charged (a
+    first query creates it)."""
+    cached = store.get(key, anchor())
+    if cached is not None:
+        return cached.result(plan, sql)
+    with store.claim() as claim:
+        cached = claim.get(key, anchor)  # anchor read again after waiting for another asker
+        if cached is not None:  # another connection answered it meanwhile
+            return cached.result(plan, sql)
+        released = fresh()
+        claim.put(key, anchor(), analyst, sql, released.table, released.cells, report_payload(released.result.privacy))
+    return released.result
+
+
+@functools.lru_cache(maxsize=1024)
 def normalise_sql(sql: str) -> str:
     """The SQL as sqlglot prints it back: spacing, comments and keyword case removed.
 
@@ -159,6 +213,13 @@ def normalise_sql(sql: str) -> str:
     """
     statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
     return ";\n".join(s.sql(dialect=DIALECT, comments=False) for s in statements)
+
+
+def plan_key(plan: QueryPlan, *, analyst: str, policy: str, data: str) -> str:
+    """The key of a plan's answer: the query as the analyzer read it, its (epsilon, delta),
+    its noise, the policy's fingerprint and the data's version (never its contents)."""
+    return repeat_key(analyst=analyst, sql=plan.normalized or plan.sql, epsilon=plan.epsilon, delta=plan.delta,
+                      policy=policy, noise=described(plan), data=data)
 
 
 def policy_fingerprint(policy: Policy) -> str:
@@ -266,7 +327,7 @@ class RepeatCache:
         if row is None:
             return None
         table = ipc.open_stream(io.BytesIO(row[0])).read_all()
-        return CachedAnswer(table, restore_cells(json.loads(row[1])), float(row[2]), json.loads(row[3]))
+        return CachedAnswer(table, cells_from_payload(loads(row[1])), float(row[2]), loads(row[3]))
 
     def _put(self, key: str, anchor: str, analyst: str, sql: str, table: pa.Table,
              cells: Mapping[str, list[float | None]], privacy: Mapping[str, Any]) -> None:
@@ -276,8 +337,7 @@ class RepeatCache:
         self._conn.execute(
             "INSERT OR REPLACE INTO answers (key, analyst, query, anchor, time, answer, cells, privacy) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (key, analyst, sql, anchor, time.time(), sink.getvalue(), json.dumps(_jsonable(cells)),
-             json.dumps(privacy, default=_json_default)),
+            (key, analyst, sql, anchor, time.time(), sink.getvalue(), dumps(cells_payload(cells)), dumps(privacy)),
         )
 
 
@@ -350,27 +410,6 @@ def _stale(pid: int, since: float) -> bool:
     except OSError:  # it exists, owned by someone else
         return False
     return False
-
-
-def _jsonable(cells: Mapping[str, list[float | None]]) -> dict[str, list[float | str | None]]:
-    """JSON has no NaN or infinity: keep them as strings ``float()`` reads back."""
-    def one(v: float | None) -> float | str | None:
-        return v if v is None or math.isfinite(v) else repr(float(v))
-
-    return {name: [one(v) for v in values] for name, values in cells.items()}
-
-
-def _json_default(value: object) -> object:
-    """numpy scalars and other odd values in a privacy report: as numbers, else text."""
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def restore_cells(cells: Mapping[str, list[Any]]) -> dict[str, list[float | None]]:
-    """Undo :func:`_jsonable`."""
-    return {name: [v if v is None else float(v) for v in values] for name, values in cells.items()}
 
 
 def _open(path: str | None) -> sqlite3.Connection:

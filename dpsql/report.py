@@ -7,23 +7,31 @@ Reads only the plan and the released values: nothing here touches private data.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
-from typing import Any
+from typing import Protocol
 
+import pyarrow as pa
 import sqlglot.expressions as exp
 
-from dpsql.errors import Error
+from dpsql.codec import jsonable
 from dpsql.plan import QueryPlan, ValueRelease
 from dpsql.privacy import Charge
+from dpsql.privacy.events import events_of
 from dpsql.release.udf.registry import UDF, choose_strategy
-from dpsql.repeats import REPEAT_NOTE, CachedAnswer
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
-__all__ = ["charge_of", "described", "fresh_result", "privacy_report", "repeat_result", "uses_udf", "with_values"]
+__all__ = ["charge_of", "described", "fresh_result", "listed_keys_result", "privacy_report", "uses_udf", "with_values"]
+
+
+class _Postprocessor(Protocol):
+    def run(self, plan: QueryPlan, noisy: pa.Table) -> tuple[pa.Table, dict[str, list[float | None]]]: ...
 
 
 def charge_of(plan: QueryPlan, sql: str) -> Charge:
-    return Charge(plan.epsilon, plan.delta, sql, described(plan))
+    """What the plan costs: its (epsilon, delta) and the typed privacy event of each
+    measurement (:func:`dpsql.privacy.events.events_of`)."""
+    return Charge(plan.epsilon, plan.delta, sql, events_of(plan))
 
 
 def fresh_result(plan: QueryPlan, table: object, cells: dict[str, list[float | None]], sql: str, *,
@@ -33,33 +41,20 @@ def fresh_result(plan: QueryPlan, table: object, cells: dict[str, list[float | N
     return result
 
 
-def repeat_result(plan: QueryPlan, answer: CachedAnswer, sql: str) -> Result:
-    """A stored answer, under this query's column names, with the privacy report it was
-    released with, marked as a free repeat."""
-    table = answer.table
-    if table.num_columns != len(plan.output_names):
-        raise Error("a stored answer does not match this query's columns; delete the answers file "
-                    "beside the ledger. This is probably a bug in dpsql.")
-    table = table.rename_columns(list(plan.output_names))
-    cells = {new: list(answer.cells.get(old, [None] * table.num_rows))
-             for old, new in zip(answer.table.column_names, plan.output_names)}
-    stored = answer.privacy
-    columns = {new: _column_privacy(stored["columns"][old])
-               for old, new in zip(answer.table.column_names, plan.output_names)}
-    report = PrivacyReport(stored["epsilon"], stored["delta"], columns, (*stored["notes"], REPEAT_NOTE))
-    result = Result(table, report, Accuracy(cells), sql)
-    result.cached = True
-    return result
+def listed_keys_result(plan: QueryPlan, post: _Postprocessor, sql: str) -> Result:
+    """GROUP BY keys the policy lists, and nothing measured (``SELECT DISTINCT region``):
+    the answer is every listed value, known without the data, so nothing is read or
+    charged (issue 14, item 3)."""
+    from dpsql.release import noisy_schema  # noqa: PLC0415 - the noisy table's types
 
-
-def _column_privacy(stored: dict[str, Any]) -> ColumnPrivacy:
-    measurements = tuple({k: _tuples(v) for k, v in m.items()} for m in stored["measurements"])
-    return ColumnPrivacy(stored["mechanism"], stored["noise_std"], measurements)
-
-
-def _tuples(value: object) -> object:
-    """JSON made the report's tuples lists; make them tuples again."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+    schema = noisy_schema(plan)
+    grid = list(itertools.product(*(k.public_values or () for k in plan.group_keys)))
+    columns = [pa.array([row[i] for row in grid], type=schema.field(k.name).type) for i, k in enumerate(plan.group_keys)]
+    noisy = pa.table(columns, names=[k.name for k in plan.group_keys])
+    table, cells = post.run(plan, noisy)
+    report = privacy_report(plan)
+    note = "only keys the policy lists were asked for: the answer is known without the data, and free"
+    return Result(table, replace(report, epsilon=0.0, delta=0.0, notes=(*report.notes, note)), Accuracy(cells), sql)
 
 
 def uses_udf(plan: QueryPlan) -> bool:
@@ -96,7 +91,7 @@ def with_values(result: Result, plan: QueryPlan, report: dict[str, list[object]]
         if not outs:
             continue
         mechanisms = "+".join(sorted({o.mechanism for o in outs}))  # type: ignore[attr-defined]
-        described = tuple(o.describe() for o in outs)  # type: ignore[attr-defined]
+        described = tuple(jsonable(o.describe()) for o in outs)  # type: ignore[attr-defined]
         columns[name] = ColumnPrivacy(mechanisms, None, described)
         why = str(outs[0].parameters.get("why", ""))  # type: ignore[attr-defined]
         per_group = " (chosen per group from a noisy unit count; first group shown)" if len(outs) > 1 else ""
@@ -117,9 +112,10 @@ def _expected_value_privacy(releases: list[ValueRelease]) -> ColumnPrivacy:
     names = {"smooth": "smooth_sensitivity", "ptr": "ptr", "sample_and_aggregate": "sample_and_aggregate"}
     described = []
     for r in releases:
-        eps = r.epsilon * (1 - ValueRelease.COUNT_SHARE)
+        eps = r.answer_epsilon
         strategy, why = choose_strategy(r.target, _NOMINAL_UNITS, eps, r.delta, rows_per_unit=r.rows_per_unit)  # type: ignore[arg-type]
-        described.append({**r.describe(), "mechanism": names[strategy], "why": why, "decided": "per group at run time"})
+        described.append(jsonable({**r.describe(), "mechanism": names[strategy], "why": why,
+                                   "decided": "per group at run time"}))
     mechanism = "+".join(sorted({str(d["mechanism"]) for d in described}))
     return ColumnPrivacy(mechanism, None, tuple(described))
 
@@ -144,14 +140,14 @@ def privacy_report(plan: QueryPlan) -> PrivacyReport:
             private = any(r in keys and not keys[r].is_public for r in refs)
             public = any(r in keys for r in refs)
             mechanism = "partition_selection" if private else "public" if public else "none"
-            described = (plan.selection.describe(),) if private and plan.selection else ()
+            described = (jsonable(plan.selection.describe()),) if private and plan.selection else ()
             columns[name] = ColumnPrivacy(mechanism, None, described)
             continue
         mechanisms = "+".join(sorted({m.mechanism for m in measurements}))
         bare = projection.unalias()
         simple = len(used) == 1 and used[0].function in ("count", "count_distinct", "sum") and bare.name in by_name
         std = measurements[0].noise_std if simple else None
-        columns[name] = ColumnPrivacy(mechanisms, std, tuple(m.describe() for m in measurements))
+        columns[name] = ColumnPrivacy(mechanisms, std, tuple(jsonable(m.describe()) for m in measurements))
     notes = plan.notes + ((bias_note(plan),) if plan.measurements or plan.value_releases else ())
     return PrivacyReport(plan.epsilon, plan.delta, columns, notes)
 

@@ -6,44 +6,35 @@ The bounded query has up to four steps (subqueries), each a plain relational pas
              column its per-row integer (NULL, NaN dropped; clipped; fixed point): one for
              all of a column's SUM and AVG (see :mod:`dpsql.rewrite_columns`).
 ``__pairs``  one row per (unit, group), the one pass every user-level DP system pays:
-             COUNT capped at ``max_rows_per_unit`` (``m``); a SUM of ``n`` values is kept
-             whole when ``n <= m`` and else weighed down to ``m`` rows, ``sum * m // n``
-             (see :func:`_rescaled_sum`: the same bound as keeping ``m`` random rows, its
-             expected value, and 4x cheaper than any sampler of exactly ``m`` rows).
+             COUNT capped at ``max_rows_per_unit`` (``m``); a SUM of ``n > m`` values
+             weighed down to ``m`` rows, ``sum * m // n`` (:func:`_rescaled_sum`).
 ``__kept``   only when a unit could be in more groups than ``max_groups_per_unit``: the
              unit's groups with the smallest keyed hash ``hash(xor(hash(unit, keys), salt))``
              for a fresh secret salt: a uniform random choice.
-final        GROUP BY keys: exact 128-bit sums, floored to the release lattice; AVG's centred
-             sum is ``S - K*M`` there, from the column's sum ``S`` and capped count ``K``.
+final        GROUP BY keys: exact 128-bit sums floored to the release lattice.
 
-A row-level table (no privacy unit) that is not joined needs none of the bounding: each row
-is its own unit. Joined, each of its rows is a unit identified by its row id.
-This departs from DESIGN §1's "rows chosen at random" for the row cap on purpose: the
-row-cap sampling cost 5-7x the floor in DuckDB 2.0 (benchmarks/README.md) and weighing
-gives the sampler's expectation with no sampling variance and the same sensitivity.
-Every identifier and literal is a node built here; nothing the analyst typed is pasted.
-Measured alternatives are in ``benchmarks/README.md``.
+A row-level table (no privacy unit) not joined needs no bounding: each row is its own unit;
+joined, each row is a unit identified by its row id. The row cap weighs instead of DESIGN
+§1's "rows chosen at random" on purpose (:func:`_rescaled_sum`; benchmarks/README.md).
+Nothing the analyst typed is pasted: every identifier and literal is a node built here.
 """
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
-from sqlglot.dialects.dialect import Dialect
 
 from dpsql.analyze.calibrate import clip_range, midpoint, square_offset
 from dpsql.analyze.predicates import member
-from dpsql.engine import Engine
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.rewrite_columns import Layout, Read, RowValue, layout
 from dpsql.rewrite_distinct import distinct_row_value, distinct_total, kept_values
 from dpsql.sqltypes import parse_type
 
-__all__ = ["LIST_PARAMETER", "bounded_query", "bounded_sql", "key_parameters", "new_salt", "salt_parameters",
-           "value_query"]
+__all__ = ["LIST_PARAMETER", "Bounded", "bounded_query", "new_salt", "value_query"]
 
 _LIMIT = 2**62
 
@@ -95,11 +86,6 @@ def _keyed_hash(salt: int | str, *args: exp.Expression) -> exp.Expression:
     return _func("hash", salted)
 
 
-def salt_parameters(sql: str) -> dict[str, int]:
-    """Fresh secret salts for the parameters a bounded query's text uses."""
-    return {name: new_salt() for name in ("salt", "salt2") if re.search(rf"\${name}\b", sql)}
-
-
 #: A key's listed values, when more than this many, are one bound list parameter applied to
 #: the (unit, group) pairs instead of a literal ``IN`` list over the rows (issue 16: 100,000
 #: public zips were a 690 KB ``IN`` list, 3.8 s to write and 3-5x the floor to run). Any
@@ -108,18 +94,12 @@ def salt_parameters(sql: str) -> dict[str, int]:
 LIST_PARAMETER = 0
 
 
-def key_parameters(plan: QueryPlan, engine: Engine) -> dict[str, list[object]]:
-    """The listed key values :func:`bounded_sql`'s text binds as list parameters (public: the
-    policy's values), by parameter name."""
-    return {name: list(values) for name, _, _, values in _listed_keys(plan, engine)}
-
-
-def _listed_keys(plan: QueryPlan, engine: Engine) -> list[tuple[str, str, str, tuple[object, ...]]]:
+def _listed_keys(plan: QueryPlan) -> list[tuple[str, str, str, tuple[object, ...]]]:
     """``(parameter, key column, element type, values)`` of each key filter bound as a list:
     a plain column key (its filter is on the key itself, so filtering its pairs keeps what
     filtering its rows keeps), a list of strings or of integers, an engine that binds
     lists (DuckDB), and a query whose rows are filtered at all (see :func:`_rows`)."""
-    if not getattr(engine, "list_parameters", False) or (plan.unit_column is None and not plan.unit_is_row):
+    if not plan.list_parameters or (plan.unit_column is None and not plan.unit_is_row):
         return []
     if not (plan.sample_groups or plan.selection is not None) or not plan.measurements:
         return []  # no filter at all, or no pass over the data (LIMIT 0, see bounded_query)
@@ -130,7 +110,7 @@ def _listed_keys(plan: QueryPlan, engine: Engine) -> list[tuple[str, str, str, t
                 continue
             if key.column is None or column.sql() != key.expression.sql():
                 continue
-            kind = parse_type(_types(plan, engine, column.table)[column.name.casefold()])
+            kind = parse_type(_types(plan, column.table)[column.name.casefold()])
             if kind.family == "string" and all(isinstance(v, str) for v in values):
                 element = "VARCHAR"
             elif kind.family == "number" and kind.name in _INTEGERS and all(
@@ -145,41 +125,63 @@ def _listed_keys(plan: QueryPlan, engine: Engine) -> list[tuple[str, str, str, t
 _INTEGERS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT")
 
 
-def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None,
-                  list_parameters: bool = False) -> exp.Select:
-    """The SQL whose result is one row per group with every measurement's exact bounded sum.
+@dataclass(frozen=True)
+class Bounded:
+    """A bounded query: its tree, and the query parameters it takes, so that one tree (or
+    the SQL text an engine prepares from it once) serves every run of the plan.
 
-    With ``salt=None`` the keyed hash takes the query parameter ``$salt2``: bind a fresh
-    secret salt per run (:func:`salt_parameters`), so the SQL text can be reused.
+    Attributes:
+        query: the tree (DuckDB's functions; an engine translates what it must).
+        parameters: the secret salts' parameter names, bound fresh on every run (:meth:`salts`).
+        lists: listed key values bound as list parameters, by parameter name (issue 16).
+    """
+
+    query: exp.Select
+    parameters: tuple[str, ...] = ()
+    lists: Mapping[str, list[object]] = field(default_factory=dict)
+
+    def salts(self) -> dict[str, int]:
+        """A fresh secret salt for each salt parameter."""
+        return {name: new_salt() for name in self.parameters}
+
+    def arguments(self) -> dict[str, object]:
+        """What one run binds: fresh salts and the listed values."""
+        return {**self.salts(), **self.lists}
+
+
+def bounded_query(plan: QueryPlan, salt: int | None = None, list_parameters: bool = False) -> Bounded:
+    """The query whose result is one row per group with every measurement's exact bounded
+    sum. ``plan`` must be bound to the engine (:func:`dpsql.engine.bind`): this reads nothing
+    but the plan.
+
+    With ``salt=None`` the keyed hash takes the query parameter ``$salt2`` (listed in the
+    result's ``parameters``): bind a fresh secret salt per run, so the tree can be reused.
     The tree is built once, node by node, and never copied (copies were most of a small
-    query's build cost). ``list_parameters=True``: long lists of listed key values are bound
-    parameters (:func:`key_parameters`), as :func:`bounded_sql` writes them; otherwise
-    literal ``IN`` lists, keeping the same pairs, and the query needs no parameter but salts."""
+    query's build cost). ``list_parameters=True`` (what the pipeline runs): long lists of
+    listed key values are bound parameters (the result's ``lists``), when the bound engine
+    binds lists; otherwise literal ``IN`` lists, keeping the same pairs."""
     columns = layout(plan)
-    listed = _listed_keys(plan, engine) if list_parameters else []
-    rows = _rows(plan, engine, _row_projections(plan, engine, columns, salt), bound={k for _, k, _, _ in listed})
+    listed = _listed_keys(plan) if list_parameters else []
+    rows = _rows(plan, _row_projections(plan, columns, salt), bound={k for _, k, _, _ in listed})
     if plan.unit_column is None and not plan.unit_is_row:
-        return _final(plan, columns, rows, per_row=True)
-    if not plan.measurements and plan.selection is None:
+        query = _final(plan, columns, rows, per_row=True)
+    elif not plan.measurements and plan.selection is None:
         # only order statistics / UDFs over listed keys (or none): their values come from
         # value_query and the groups are known without the data, so no pass over it
         # (LIMIT 0: DuckDB plans the query, typing the keys, and reads nothing)
-        return _final(plan, columns, rows, per_row=True).limit(0, copy=False)
-    pairs = _pairs(plan, columns, rows)
-    if listed:  # listed values bound as lists: kept pairs only (before the group cap)
-        pairs.set("having", exp.Having(this=exp.and_(*(_in_list(*k) for k in listed), copy=False)))
-    if plan.sample_groups:
-        pairs = _kept(plan, pairs, salt)
-    return _final(plan, columns, pairs, per_row=False)
-
-
-def bounded_sql(plan: QueryPlan, engine: Engine) -> str:
-    """:func:`bounded_query`'s text in the engine's dialect, its salts left as parameters.
-
-    The tree is fresh and thrown away, so it is written without the copy sqlglot's
-    ``.sql()`` makes first (60% of writing it)."""
-    generator = Dialect.get_or_raise(engine.dialect).generator()
-    return generator.generate(bounded_query(plan, engine, list_parameters=True), copy=False)
+        query = _final(plan, columns, rows, per_row=True).limit(0, copy=False)
+    else:
+        pairs = _pairs(plan, columns, rows)
+        if listed:  # listed values bound as lists: kept pairs only (before the group cap)
+            pairs.set("having", exp.Having(this=exp.and_(*(_in_list(*k) for k in listed), copy=False)))
+        if plan.sample_groups:
+            pairs = _kept(plan, pairs, salt)
+        query = _final(plan, columns, pairs, per_row=False)
+    lists = {name: list(values) for name, _, _, values in listed}
+    # The salts are read off the tree just built (not its text): whatever shape the steps
+    # above take, every placeholder they wrote is listed once.
+    salts = tuple(dict.fromkeys(p.name for p in query.find_all(exp.Placeholder) if p.name not in lists))
+    return Bounded(query, salts, lists)
 
 
 def _in_list(parameter: str, key: str, element: str, values: tuple[object, ...]) -> exp.Expression:
@@ -189,38 +191,38 @@ def _in_list(parameter: str, key: str, element: str, values: tuple[object, ...])
 
 
 def _rows(
-    plan: QueryPlan, engine: Engine, projections: list[exp.Expr] | None = None, filter_keys: bool = False,
+    plan: QueryPlan, projections: list[exp.Expr] | None = None, filter_keys: bool = False,
     bound: set[str] | frozenset[str] = frozenset(),
 ) -> exp.Select:
     """``bound``: the keys whose listed values filter the pairs instead (:func:`_listed_keys`)."""
-    projections = _row_projections(plan, engine, layout(plan)) if projections is None else projections
-    query = exp.Select(expressions=projections).from_(_aliased(engine, plan.sources[0]), copy=False)
+    projections = _row_projections(plan, layout(plan)) if projections is None else projections
+    query = exp.Select(expressions=projections).from_(_aliased(plan, plan.sources[0]), copy=False)
     for source in plan.sources[1:]:
         side = "LEFT" if source.join == "left" else None
         assert source.on is not None, "the analyzer gives every joined source its ON condition"
-        query = query.join(_aliased(engine, source), on=source.on.copy(), join_type=side, copy=False)
-    conditions = [_engine_tables(engine, plan.where.copy())] if plan.where is not None else []
+        query = query.join(_aliased(plan, source), on=source.on.copy(), join_type=side, copy=False)
+    conditions = [_engine_tables(plan, plan.where.copy())] if plan.where is not None else []
     if filter_keys or plan.sample_groups or plan.selection is not None:
         # Rows of unlisted key values must not use up a unit's groups. (Otherwise they are
         # left in: their groups are dropped after the query, which is cheaper than a filter.)
         for key in plan.group_keys:
             for column, values in key.filters if key.name not in bound else ():
                 assert isinstance(column, exp.Column)
-                dtype = _types(plan, engine, column.table)[column.name.casefold()]
+                dtype = _types(plan, column.table)[column.name.casefold()]
                 conditions.append(member(column, dtype, values))
     if conditions:
         query = query.where(exp.and_(*conditions, copy=False), copy=False)
     return query
 
 
-def _unit(plan: QueryPlan, engine: Engine) -> exp.Expression:
+def _unit(plan: QueryPlan) -> exp.Expression:
     primary = plan.sources[0]
     if plan.unit_column is not None:
         return _col(plan.unit_column, primary.alias)
-    return _row_id(engine, primary)
+    return _row_id(primary)
 
 
-def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: int | None = None) -> exp.Select:
+def value_query(plan: QueryPlan, release: ValueRelease, salt: int | None = None) -> exp.Select:
     """The values an order statistic or UDF reads: one row per kept value, with the group
     keys and an opaque unit id (``hash(unit)``, for sample-and-aggregate's blocks).
 
@@ -230,9 +232,9 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     not weighed).
     """
     salt = new_salt() if salt is None else salt
-    unit = _unit(plan, engine)
+    unit = _unit(plan)
     column = _col(release.column, release.source)
-    row_ids = [_row_id(engine, source) for source in plan.sources]
+    row_ids = [_row_id(source) for source in plan.sources]
     keys = [_alias(k.expression.copy(), k.name) for k in plan.group_keys]
     projections: list[exp.Expr] = [
         _alias(unit, "__u"),
@@ -240,7 +242,7 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
         *keys,
         _alias(_cast(column, "DOUBLE"), "__v"),
     ]
-    rows = _rows(plan, engine, projections, filter_keys=True)
+    rows = _rows(plan, projections, filter_keys=True)
     rows = rows.where(exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null())), copy=False)
     names = [k.name for k in plan.group_keys]
     per_group = exp.Window(
@@ -266,61 +268,55 @@ def value_query(plan: QueryPlan, release: ValueRelease, engine: Engine, salt: in
     return query
 
 
-def _engine_tables(engine: Engine, node: exp.Expr) -> exp.Expr:
+def _engine_tables(plan: QueryPlan, node: exp.Expr) -> exp.Expr:
     """``node`` with every policy table it names (an IN / EXISTS subquery's) the engine's."""
     for table in list(node.find_all(exp.Table)):
-        real = engine.table(table.name)
+        real = plan.table_ref(table.name)
         real.set("alias", table.args.get("alias"))
         table.replace(real)
     return node
 
 
-def _aliased(engine: Engine, source: Source) -> exp.Expression:
+def _aliased(plan: QueryPlan, source: Source) -> exp.Expression:
     if source.query is not None:  # a derived table: its query, over the engine's tables
-        query = source.query.copy()
-        for table in list(query.find_all(exp.Table)):
-            real = engine.table(table.name)
-            real.set("alias", table.args.get("alias"))
-            table.replace(real)
+        query = _engine_tables(plan, source.query.copy())
+        assert isinstance(query, exp.Select)
         return query.subquery(exp.to_identifier(source.alias, quoted=True), copy=False)
-    table = engine.table(source.table)
+    table = plan.table_ref(source.table)
     table.set("alias", exp.TableAlias(this=exp.to_identifier(source.alias, quoted=True)))
     return table
 
 
-def _row_projections(plan: QueryPlan, engine: Engine, columns: Layout, salt: int | None = None) -> list[exp.Expr]:
+def _row_projections(plan: QueryPlan, columns: Layout, salt: int | None = None) -> list[exp.Expr]:
     projections: list[exp.Expr] = []
     per_unit = plan.unit_column is not None or plan.unit_is_row
     if per_unit:
-        projections.append(_alias(_unit(plan, engine), "__u"))
+        projections.append(_alias(_unit(plan), "__u"))
     for key in plan.group_keys:
         projections.append(_alias(key.expression.copy(), key.name))
     for value in columns.values:
         m = value.of
-        types = {} if m.expression is not None else _types(plan, engine, m.source)
+        types = {} if m.expression is not None else _types(plan, m.source)
         projections.append(_alias(_row_value(value, types), value.name))
     for m in plan.measurements:  # COUNT(DISTINCT x) of a non-unit column (dpsql.rewrite_distinct)
         if m.kind == "count_distinct_values":
-            unit = _unit(plan, engine) if per_unit else None
+            unit = _unit(plan) if per_unit else None
             projections.append(_alias(distinct_row_value(m, unit, salt), f"{m.name}_v"))
     # COUNT(*) over a row-level table needs no column at all, but SQL needs a select list
     return projections or [_alias(_int(1), "__one")]
 
 
-def _types(plan: QueryPlan, engine: Engine, alias: str) -> Mapping[str, str]:
-    """The column types of the source read as ``alias`` (a derived table carries its own)."""
-    source = next(s for s in plan.sources if s.alias == alias)
-    if source.query is not None:
-        return dict(source.types)
-    return engine.schema()[source.table.casefold()]
+def _types(plan: QueryPlan, alias: str) -> Mapping[str, str]:
+    """The column types of the source read as ``alias``, as the plan carries them."""
+    return dict(plan.source(alias).types)
 
 
-def _row_id(engine: Engine, source: Source) -> exp.Expression:
-    """A source's row id; a derived table's rows are unique (one per unit and inner key),
-    so the hash of the whole row tells them apart."""
-    if source.query is not None:
-        return exp.Anonymous(this="hash", expressions=[exp.column(source.alias, quoted=True)])
-    return engine.row_id(source.alias, source.table)
+def _row_id(source: Source) -> exp.Expression:
+    """A source's row id, as binding the plan wrote it (a derived table's rows are unique,
+    one per unit and inner key, so the hash of the whole row tells them apart)."""
+    if source.row_id is None:
+        raise KeyError(f"source {source.alias!r} has no row id; bind the plan to an engine first (dpsql.engine.bind)")
+    return source.row_id.copy()
 
 
 def _row_value(value: RowValue, types: Mapping[str, str]) -> exp.Expression:

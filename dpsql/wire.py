@@ -12,10 +12,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from dpsql import errors
+from dpsql.codec import cells_from_payload, cells_payload, dumps, loads, report_from_payload, report_payload
 from dpsql.errors import AuthenticationError, BudgetExceeded, Error
 from dpsql.local._common import ReportError
 from dpsql.release.bias import BiasEstimate
-from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
+from dpsql.result import Accuracy, Result
 
 METADATA_KEY = b"dpsql"
 WIRE_VERSION = 1
@@ -53,21 +54,17 @@ def request_body(sql: str, epsilon: float | None, delta: float | None, bias: boo
 
 def encode_result(result: Result) -> pa.Table:
     """The result's table with its privacy and accuracy in the schema metadata."""
-    privacy = result.privacy
     payload = {
         "version": WIRE_VERSION,
-        "epsilon": privacy.epsilon,
-        "delta": privacy.delta,
-        "columns": {name: asdict(column) for name, column in privacy.columns.items()},
-        "notes": list(privacy.notes),
+        **report_payload(result.privacy),
         "cached": bool(getattr(result, "cached", False)),
-        "accuracy": {name: result.accuracy.cells(name) for name in result.accuracy},
+        "accuracy": cells_payload({name: result.accuracy.cells(name) for name in result.accuracy}),
     }
     if result.bias is not None:
         payload["bias"] = asdict(result.bias)
     table = result.arrow()
     metadata = dict(table.schema.metadata or {})
-    metadata[METADATA_KEY] = json.dumps(payload, default=_json_default).encode()
+    metadata[METADATA_KEY] = dumps(payload).encode()
     return table.replace_schema_metadata(metadata)
 
 
@@ -77,13 +74,9 @@ def decode_result(table: pa.Table, sql: str = "") -> Result:
     raw = metadata.pop(METADATA_KEY, None)
     if raw is None:
         raise Error("the server's answer has no privacy metadata; is it a dpsql server?")
-    payload = json.loads(raw)
-    columns = {
-        name: ColumnPrivacy(c["mechanism"], c.get("noise_std"), tuple(c.get("measurements", ())))
-        for name, c in payload["columns"].items()
-    }
-    report = PrivacyReport(payload["epsilon"], payload["delta"], columns, tuple(payload.get("notes", ())))
-    cells = {name: list(values) for name, values in payload["accuracy"].items()}
+    payload = loads(raw)
+    report = report_from_payload(payload)
+    cells = cells_from_payload(payload["accuracy"])
     result = Result(table.replace_schema_metadata(metadata or None), report, Accuracy(cells), sql)
     result.cached = bool(payload.get("cached", False))
     if payload.get("bias") is not None:
@@ -121,7 +114,7 @@ def error_payload(exc: Error) -> bytes:
     if isinstance(exc, BudgetExceeded):
         payload["requested"] = list(exc.requested)
         payload["remaining"] = list(exc.remaining)
-    return json.dumps(payload, default=_json_default).encode()
+    return dumps(payload).encode()
 
 
 def raise_remote(exc: flight.FlightError, location: str) -> NoReturn:
@@ -171,11 +164,3 @@ def _first_line(exc: BaseException) -> str:
     text = str(exc).split(". Detail:")[0].split(". gRPC client debug context")[0]
     return text.splitlines()[0] if text else type(exc).__name__
 
-
-def _json_default(value: object) -> object:
-    """numpy scalars and other number-likes: as Python floats/ints."""
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (tuple, set, frozenset)):
-        return list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON-able")

@@ -55,7 +55,7 @@ def _write(path: Path, rows: list[tuple[int, str, str]]) -> str:
 def _exact(conn: dpsql.Connection, sql: str, salt: int) -> dict[object, int]:
     plan = conn.plan(sql, epsilon=1.0)
     (m,) = [m for m in plan.measurements if m.kind == "count_distinct_values"]
-    rows = conn._engine.run(bounded_query(plan, conn._engine, salt=salt)).to_pylist()
+    rows = conn._engine.run(bounded_query(plan, salt=salt).query).to_pylist()
     return {r.get("__g0"): r[m.name] for r in rows}
 
 

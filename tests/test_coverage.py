@@ -100,7 +100,7 @@ def coverage(conn: dpsql.Connection, sql: str, column: str, expected: np.ndarray
     """Fraction of RUNS x GROUPS cells whose truth lies within the reported half-width,
     and the mean half-width."""
     plan = conn.plan(sql, epsilon=epsilon, delta=delta)
-    exact = conn._engine.run(bounded_query(plan, conn._engine, salt=1))  # type: ignore[attr-defined]
+    exact = conn._engine.run(bounded_query(plan, salt=1).query)  # type: ignore[attr-defined]
     name = next(a.name for a in plan.aggregates)
     source = SeededRandom(seed)
     covered = 0
@@ -164,7 +164,7 @@ def test_execute_reports_the_release_half_widths(conn: dpsql.Connection) -> None
                        noise_source=SeededRandom(7)) as seeded:
         res = seeded.execute(sql, epsilon=0.5)
         plan = seeded.plan(sql, epsilon=0.5)
-    exact = conn._engine.run(bounded_query(plan, conn._engine, salt=1))  # type: ignore[attr-defined]
+    exact = conn._engine.run(bounded_query(plan, salt=1).query)  # type: ignore[attr-defined]
     noisy = noisy_table(plan, exact, SeededRandom(7))
     for column, aggregate in zip(("n", "s", "a"), plan.aggregates):
         assert res.arrow()[column].to_pylist() == noisy[aggregate.name].to_pylist()

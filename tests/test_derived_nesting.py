@@ -75,7 +75,7 @@ def conn(tmp_path_factory: pytest.TempPathFactory) -> dpsql.Connection:
 
 def _exact(conn: dpsql.Connection, sql: str, salt: int = 3) -> list[dict[str, object]]:
     plan = conn.plan(sql, epsilon=1.0)
-    rows = conn._engine.run(bounded_query(plan, conn._engine, salt=salt)).to_pylist()
+    rows = conn._engine.run(bounded_query(plan, salt=salt).query).to_pylist()
     return sorted(rows, key=str)
 
 

@@ -43,6 +43,9 @@ class NoDataEngine:
     def distinct_values(self, *args: Any, **kwargs: Any) -> Any:  # public tables only
         return self._engine.distinct_values(*args, **kwargs)  # type: ignore[attr-defined]
 
+    def prepare(self, query: Any) -> Any:
+        return self._engine.prepare(query)
+
     def run(self, query: object) -> Any:
         raise AssertionError("explain read data: engine.run was called")
 

@@ -109,7 +109,7 @@ def test_release_rate_matches_theory_at_a_loose_delta(conn) -> None:
 def test_a_unit_in_hundreds_of_groups_keeps_only_l0(conn) -> None:
     plan = conn.plan("SELECT city, COUNT(*) FROM t GROUP BY city", epsilon=1.0, delta=1e-6)
     for salt in (1, 2, 3):
-        exact = conn._engine.run(bounded_query(plan, conn._engine, salt=salt))
+        exact = conn._engine.run(bounded_query(plan, salt=salt).query)
         cities = exact["__g0"].to_pylist()
         assert sum(c.startswith("heavy") for c in cities) == 4  # 300 groups, L0 = 4
     # Gaussian noise uses L2 = sqrt(l0) * per-group bound, Laplace L1 = l0 * bound

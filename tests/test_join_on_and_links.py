@@ -57,7 +57,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _exact(db: str, sql: str) -> int:
     with dpsql.connect(db, policy=parse_policy(POLICY), analyst="j") as conn:
         plan = conn.plan(sql, epsilon=1.0)
-        return int(conn._engine.run(bounded_query(plan, conn._engine, salt=2)).to_pylist()[0]["__m0"])
+        return int(conn._engine.run(bounded_query(plan, salt=2).query).to_pylist()[0]["__m0"])
 
 
 def _sql(db: str, sql: str) -> int:

@@ -59,7 +59,7 @@ def conn(tmp_path_factory: pytest.TempPathFactory):
 
 def _exact(conn, sql: str, salt: int = 9) -> dict[object, dict[str, int]]:
     plan = conn.plan(sql, epsilon=1.0)
-    table = conn._engine.run(bounded_query(plan, conn._engine, salt=salt)).to_pylist()
+    table = conn._engine.run(bounded_query(plan, salt=salt).query).to_pylist()
     return {row.get("__g0"): row for row in table}, plan
 
 

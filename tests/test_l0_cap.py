@@ -36,7 +36,7 @@ def con() -> duckdb.DuckDBPyConnection:
 def _exact_counts(c: duckdb.DuckDBPyConnection) -> dict[str, int]:
     conn = dpsql.connect(c, parse_policy(POLICY), ledger=None, repeats=False)
     plan = conn.plan("SELECT g, COUNT(*) AS n FROM t GROUP BY g", epsilon=1.0)
-    rows = c.sql(rewrite.bounded_query(plan, conn._engine, salt=12345).sql("duckdb")).fetchall()
+    rows = c.sql(rewrite.bounded_query(plan, salt=12345).query.sql("duckdb")).fetchall()
     return {g: n for g, n in rows}
 
 

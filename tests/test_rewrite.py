@@ -87,7 +87,7 @@ CASES = _cases()
 
 def _generated(conn: dpsql.Connection, sql: str, epsilon: float, delta: float) -> str:
     plan = conn.plan(sql, epsilon=epsilon, delta=delta)
-    return bounded_query(plan, conn._engine, salt=0).sql(dialect="duckdb", pretty=True)
+    return bounded_query(plan, salt=0).query.sql(dialect="duckdb", pretty=True)
 
 
 @pytest.mark.parametrize(("name", "epsilon", "delta", "sql", "expected"), CASES, ids=[c[0] for c in CASES])
@@ -140,7 +140,7 @@ def test_bounded_query_matches_independent_computation(conn) -> None:
     rows, total, centred, n = plan.measurements
     assert (rows.kind, total.kind, centred.kind, n.kind) == ("count_rows", "sum", "sum_centred", "count_values")
     assert plan.sample_groups  # 3 public regions > 2 groups per unit (no unit here has more)
-    exact = conn._engine.run(bounded_query(plan, conn._engine, salt=7)).to_pylist()
+    exact = conn._engine.run(bounded_query(plan, salt=7).query).to_pylist()
     expected = _independent_region_sums(total.frac_bits, centred.frac_bits, 500.0)
     for row in exact:
         region = row["__g0"]
@@ -153,9 +153,10 @@ def test_bounded_query_matches_independent_computation(conn) -> None:
 
 def test_row_level_table_needs_no_bounding(conn) -> None:
     plan = conn.plan("SELECT kind, COUNT(*), SUM(amount) FROM events GROUP BY kind", epsilon=1.0)
-    sql = bounded_query(plan, conn._engine, salt=0).sql(dialect="duckdb")
+    sql = bounded_query(plan, salt=0).query.sql(dialect="duckdb")
     assert "min_by" not in sql.lower() and "row_number" not in sql.lower()
-    exact = {r["__g0"]: r for r in conn._engine.run(bounded_query(plan, conn._engine)).to_pylist()}
+    bounded = bounded_query(plan)
+    exact = {r["__g0"]: r for r in conn._engine.run(bounded.query, bounded.salts()).to_pylist()}
     count, total = plan.measurements
     assert exact["a"][count.name] == 3 and exact["b"][count.name] == 2
     expected_a = sum(_fixed(v, total.frac_bits) for v in (1.5, 5.0, 2.25))

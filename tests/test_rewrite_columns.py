@@ -18,7 +18,7 @@ import dpsql
 from dpsql import rewrite
 from dpsql.analyze.calibrate import lattice_units
 from dpsql.policy import parse_policy
-from dpsql.rewrite import bounded_query, bounded_sql, value_query
+from dpsql.rewrite import bounded_query, value_query
 from dpsql.rewrite_columns import layout
 
 POLICY = """
@@ -98,7 +98,7 @@ QUERIES = [
 def _exact(conn: dpsql.Connection, sql: str, delta: float, share: bool, monkeypatch: pytest.MonkeyPatch) -> list[object]:
     plan = conn.plan(sql, epsilon=1.0, delta=delta or (1e-6 if "GROUP BY k" in sql else 0.0))
     monkeypatch.setattr(rewrite, "layout", functools.partial(layout, share=share))
-    table = conn._engine.run(bounded_query(plan, conn._engine, salt=99))
+    table = conn._engine.run(bounded_query(plan, salt=99).query)
     monkeypatch.undo()
     return sorted((tuple(sorted(r.items())) for r in table.to_pylist()), key=repr)
 
@@ -116,7 +116,7 @@ def test_one_value_and_one_count_per_column(conn) -> None:
     plan = conn.plan("SELECT g, COUNT(*), SUM(x), AVG(x), AVG(y), COUNT(y) FROM t GROUP BY g", epsilon=1.0)
     columns = layout(plan)
     assert [(v.name, v.kind) for v in columns.values] == [("__v0", "sum"), ("__v1", "sum")]
-    text = bounded_query(plan, conn._engine, salt=0).sql(dialect="duckdb")
+    text = bounded_query(plan, salt=0).query.sql(dialect="duckdb")
     assert text.count("ROUND(") == 2
     # per (unit, group): one COUNT and one SUM per column (and COUNT(*)), whatever reads them
     assert set(re.findall(r"COUNT\([^)]*\)", text)) == {"COUNT(*)", 'COUNT("__v0")', 'COUNT("__v1")'}
@@ -145,7 +145,7 @@ def test_a_unit_at_the_bounds_moves_a_derived_centred_sum_by_at_most_its_sensiti
         c.executemany("INSERT INTO t VALUES (1, 'a', 'a', 'k', ?, ?, 1, 0, 0)", [(value, value)] * 50)
     with dpsql.connect(path, policy=parse_policy(POLICY.split("[tables.r]")[0]), analyst="t") as one:
         plan = one.plan("SELECT AVG(x), SUM(y), AVG(y) FROM t", epsilon=1.0)
-        (row,) = one._engine.run(bounded_query(plan, one._engine, salt=1)).to_pylist()
+        (row,) = one._engine.run(bounded_query(plan, salt=1).query).to_pylist()
     for m in plan.measurements:
         if m.kind != "sum_centred":
             continue
@@ -159,8 +159,8 @@ def test_a_unit_at_the_bounds_moves_a_derived_centred_sum_by_at_most_its_sensiti
 def test_bounded_sql_is_the_tree_written_without_a_copy(conn) -> None:
     for sql in QUERIES:
         plan = conn.plan(sql, epsilon=1.0)
-        tree = bounded_query(plan, conn._engine, list_parameters=True)
-        assert bounded_sql(plan, conn._engine) == tree.sql(dialect=conn._engine.dialect)
+        tree = bounded_query(plan, list_parameters=True).query
+        assert conn._engine.prepare(bounded_query(plan, list_parameters=True).query) == tree.sql(dialect=conn._engine.dialect)
 
 
 def test_value_query_drops_the_group_window_only_where_it_cannot_bind(conn) -> None:
@@ -168,9 +168,9 @@ def test_value_query_drops_the_group_window_only_where_it_cannot_bind(conn) -> N
     can = conn.plan("SELECT h, MEDIAN(x) FROM t GROUP BY h", epsilon=1.0, delta=1e-6)  # 3 keys, cap 2
     assert not cannot.sample_groups and can.sample_groups
     (release,) = cannot.value_releases
-    assert "DENSE_RANK" not in value_query(cannot, release, conn._engine, salt=1).sql(dialect="duckdb").upper()
+    assert "DENSE_RANK" not in value_query(cannot, release, salt=1).sql(dialect="duckdb").upper()
     (release,) = can.value_releases
-    kept = value_query(can, release, conn._engine, salt=1)
+    kept = value_query(can, release, salt=1)
     assert "DENSE_RANK" in kept.sql(dialect="duckdb").upper()
     per_unit = conn._engine.run(f"SELECT count(DISTINCT __g0) AS n FROM ({kept.sql(dialect='duckdb')}) GROUP BY __id")
     assert max(per_unit.column("n").to_pylist()) <= 2
@@ -192,14 +192,14 @@ def test_long_key_lists_are_one_bound_list_applied_to_the_pairs(tmp_path, monkey
     with dpsql.connect(path, policy=policy, analyst="t", repeats=False) as zconn:
         plan = zconn.plan("SELECT k, COUNT(*), SUM(x) FROM t GROUP BY k", epsilon=1.0)
         assert plan.sample_groups
-        params = rewrite.key_parameters(plan, zconn._engine)
+        params = dict(bounded_query(plan, list_parameters=True).lists)
         assert list(params.values()) == [zips]
-        text = bounded_sql(plan, zconn._engine)
+        text = zconn._engine.prepare(bounded_query(plan, list_parameters=True).query)
         assert "'01499'" not in text and f"${next(iter(params))}" in text and len(text) < 5000
-        bound = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3, list_parameters=True), params).to_pylist()
-        literal = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3)).to_pylist()  # IN lists
+        bound = zconn._engine.run(bounded_query(plan, salt=3, list_parameters=True).query, params).to_pylist()
+        literal = zconn._engine.run(bounded_query(plan, salt=3).query).to_pylist()  # IN lists
         monkeypatch.setattr(rewrite, "LIST_PARAMETER", 10**9)
-        assert rewrite.key_parameters(plan, zconn._engine) == {}
+        assert bounded_query(plan, list_parameters=True).lists == {}
         monkeypatch.undo()
         assert sorted(bound, key=repr) == sorted(literal, key=repr)
         assert {r["__g0"] for r in bound} <= set(zips) and len(bound) > 50  # 50 units, 2 groups each
@@ -212,8 +212,8 @@ def test_order_statistics_alone_over_listed_keys_read_no_data_in_the_bounded_que
     the keys (LIMIT 0) and the answer still has every listed group."""
     plan = conn.plan("SELECT g, MEDIAN(x) FROM t GROUP BY g", epsilon=1.0, delta=1e-6)
     assert not plan.measurements and plan.selection is None
-    text = bounded_sql(plan, conn._engine)
+    text = conn._engine.prepare(bounded_query(plan, list_parameters=True).query)
     assert text.endswith("LIMIT 0") and conn._engine.run(text).num_rows == 0
     assert sorted(g for g, _ in conn.execute("SELECT g, MEDIAN(x) FROM t GROUP BY g", epsilon=1.0, delta=1e-6).fetchall()) == ["a", "b"]
     private = conn.plan("SELECT k, MEDIAN(x) FROM t GROUP BY k", epsilon=1.0, delta=1e-6)
-    assert not bounded_sql(private, conn._engine).endswith("LIMIT 0")  # its groups need the data
+    assert not conn._engine.prepare(bounded_query(private, list_parameters=True).query).endswith("LIMIT 0")  # its groups need the data

@@ -84,7 +84,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _exact(conn: dpsql.Connection, sql: str) -> list[list[object]]:
     plan = conn.plan(sql, epsilon=1.0)
-    rows = conn._engine.run(bounded_query(plan, conn._engine, salt=1)).to_pylist()
+    rows = conn._engine.run(bounded_query(plan, salt=1).query).to_pylist()
     return sorted(([r[k] for k in r] for r in rows), key=str)
 
 

@@ -153,7 +153,8 @@ def exact_bounded(conn: dpsql.Connection, plan: QueryPlan, salt: int, *,
     """
     if not floor:
         plan = replace(plan, measurements=tuple(replace(m, shift=min(m.shift, 0)) for m in plan.measurements))
-    table = conn._engine.run(bounded_query(plan, conn._engine, salt=salt))
+    bounded = bounded_query(plan, salt=salt)
+    table = conn._engine.run(bounded.query, dict(bounded.lists) or None)
     keys = [table[k.name].to_pylist() for k in plan.group_keys]
     rows = list(zip(*keys)) if keys else [()] * table.num_rows
     out: dict[str, dict[object, float]] = {}

@@ -38,7 +38,7 @@ from dpsql.analyze.outputs import _plan_output
 from dpsql.analyze.parse import parse_select, reject
 from dpsql.analyze.scope import build_scope, resolve
 from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
-from dpsql.normalize import normalize, query_budget
+from dpsql.normalize import Normalized, normalize, query_budget
 from dpsql.plan import UDF, QueryPlan
 from dpsql.policy import Policy
 
@@ -59,6 +59,7 @@ def analyze(
     udfs: Mapping[str, UDF] | None = None,
     dialect: str | None = None,
     public_rows: PublicRows | None = None,
+    normalized: Normalized | None = None,
 ) -> QueryPlan:
     """Check ``sql`` against ``policy`` and plan everything its answer needs.
 
@@ -75,13 +76,17 @@ def analyze(
             DuckDB's), see :mod:`dpsql.normalize`.
         public_rows: runs a query over public tables only, for IN / EXISTS subqueries
             over them (without it such subqueries are refused).
+        normalized: ``sql`` already read by :func:`dpsql.normalize.normalize` with these
+            arguments (the connection reads it once, to tell a public-only query apart);
+            ``None``: read here.
 
     Raises:
         QueryRejected: the SQL cannot be answered privately as written.
         PolicyViolation: the SQL uses what the policy forbids.
     """
     ctx = Context(sql=sql, policy=policy, schema=schema, requested=query_budget(sql, epsilon, delta),
-                  public_values=public_values, udfs=udfs or {}, dialect=dialect, public_rows=public_rows)
+                  public_values=public_values, udfs=udfs or {}, dialect=dialect, public_rows=public_rows,
+                  normalized=normalized)
     for rule in RULES:
         rule(ctx)
     return _plan(ctx)
@@ -92,6 +97,9 @@ def parse(ctx: Context) -> None:
     dialect and rewritten into the shape the later passes check (:mod:`dpsql.normalize`)."""
     if not isinstance(ctx.sql, str):
         parse_select(ctx.sql)  # its refusal
+    if ctx.normalized is not None:  # read once already, by the connection
+        ctx.select = ctx.normalized.select
+        return
     ctx.select = normalize(ctx.sql, ctx.policy, ctx.schema, dialect=ctx.dialect, public_query=ctx.public_rows).select
 
 

@@ -17,6 +17,7 @@ from dpsql.analyze.calibrate import MeasurementSpec
 from dpsql.analyze.scope import Pending, Resolved, Scope
 from dpsql.plan import UDF, Aggregate, GroupKey, Measurement, Selection, ValueRelease
 from dpsql.policy import Policy, TablePolicy
+from dpsql.normalize import Normalized
 
 __all__ = ["Context", "PublicRows", "PublicValues"]
 
@@ -39,6 +40,7 @@ class Context:
     udfs: Mapping[str, UDF] = field(default_factory=dict)
     dialect: str | None = None
     public_rows: PublicRows | None = None
+    normalized: Normalized | None = None
     # filled by the passes, in order
     epsilon: float = field(init=False)
     delta: float = field(init=False)

@@ -35,7 +35,8 @@ import pyarrow as pa
 from dpsql.privacy import Ledger
 from dpsql.audit.neighbour import AUDIT_KEY_PREFIX, neighbour_database
 from dpsql.audit.stats import TOTAL, Bound, is_number, lower_bound
-from dpsql.connection import Connection, connect
+from dpsql.connection import Connection
+from dpsql.opener import connect
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.noise import DiscreteGaussian, gdp_mu
 from dpsql.plan import QueryPlan

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from dpsql.errors import Error
 from dpsql.privacy.charges import Charge, charge_units, units_to_delta, units_to_epsilon
+from dpsql.privacy.events import DpEvent, GaussianEvent
 
 __all__ = ["ACCOUNTANT_NAMES", "Accountant", "BasicAccountant", "UnitAccountant", "accountant_named", "gaussian_mu"]
 
@@ -22,9 +23,17 @@ __all__ = ["ACCOUNTANT_NAMES", "Accountant", "BasicAccountant", "UnitAccountant"
 
 
 class Accountant(Protocol):
-    """Composes a sequence of charges into one (epsilon, delta) guarantee."""
+    """Composes a sequence of charges into one (epsilon, delta) guarantee.
+
+    Each charge carries typed privacy events (:mod:`dpsql.privacy.events`); an accountant
+    composes the events it ``supports`` by their own guarantees, and a charge holding any
+    other event by the charge's (epsilon, delta)."""
 
     name: str
+
+    def supports(self, event: DpEvent) -> bool:
+        """Whether this accountant composes ``event`` by its own guarantee."""
+        ...
 
     def compose(self, events: Sequence[Charge],
                 target_delta: float | None = None) -> tuple[float, float]:
@@ -67,6 +76,10 @@ class BasicAccountant:
     """
 
     name = "basic"
+
+    def supports(self, event: DpEvent) -> bool:
+        """No event has a guarantee of its own here: charges' amounts add."""
+        return False
 
     def compose(self, events: Sequence[Charge],
                 target_delta: float | None = None) -> tuple[float, float]:
@@ -115,7 +128,7 @@ def gaussian_mu(events: Sequence[Charge]) -> float | None:
     every charge. Charges that cost nothing and describe nothing are skipped; with nothing
     left, the result is None.
 
-    >>> g = {"mechanism": "gaussian", "mu": 0.3}
+    >>> g = GaussianEvent(mu=0.3)
     >>> round(gaussian_mu([Charge(1.0, 1e-6, "q", (g,)), Charge(1.0, 1e-6, "q", (g, g))]), 4)
     0.5196
     >>> gaussian_mu([Charge(1.0, 0.0, "q", ({"mechanism": "laplace", "epsilon": 1.0},))])
@@ -127,14 +140,13 @@ def _mu_part(charge: Charge) -> tuple[float, int] | None:
     """A charge's (sum of mu^2, number of measurements), or None if one is not Gaussian.
 
     A charge that costs nothing and describes nothing is ``(0.0, 0)``."""
-    if not charge.mechanisms:
+    if not charge.events:
         return (0.0, 0) if charge.epsilon == 0 and charge.delta == 0 else None
     squares = []
-    for mechanism in charge.mechanisms:
-        mu = mechanism.get("mu") if mechanism.get("mechanism") == "gaussian" else None
-        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 < mu < math.inf:
+    for event in charge.events:
+        if not isinstance(event, GaussianEvent) or not 0 < event.mu < math.inf:
             return None
-        squares.append(float(mu) ** 2)
+        squares.append(float(event.mu) ** 2)
     return math.fsum(squares), len(squares)
 
 

@@ -5,7 +5,6 @@ so repeated spending never drifts)."""
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from dpsql.errors import InternalError
+from dpsql.privacy.events import DpEvent, encode, event_from_description
 
 __all__ = [
     "DELTA_UNITS_PER_ONE",
@@ -61,9 +61,12 @@ class Charge:
         epsilon: The epsilon the query spends; finite and at least 0.
         delta: The delta the query spends; between 0 and 1.
         query: The analyst's SQL text.
-        mechanisms: A JSON-able description of each measurement, for example
-            ``{"mechanism": "laplace", "epsilon": 0.5, "delta": 0.0, "scale": 2.0,
-            "sensitivity": 1.0}``. A tight accountant composes from these.
+        events: The typed privacy event of each measurement
+            (:mod:`dpsql.privacy.events`); accountants compose these. Given as
+            ``mechanisms``: events, or (as ledgers of version 1 stored them) JSON-able
+            description dicts such as ``{"mechanism": "laplace", "epsilon": 0.5}``, each
+            read as the event it describes.
+        mechanisms: Each event's description dict (what reports and the ledger show).
 
     Raises:
         InternalError: If an amount is negative, NaN, infinite or not a number, or a
@@ -77,15 +80,22 @@ class Charge:
     epsilon: float
     delta: float
     query: str
-    mechanisms: tuple[dict[str, Any], ...] = field(default=())
+    mechanisms: tuple[dict[str, Any] | DpEvent, ...] = field(default=())
+    events: tuple[DpEvent, ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_amount("epsilon", self.epsilon)
         _check_amount("delta", self.delta, upper=1.0)
         if not isinstance(self.query, str):
             raise InternalError(f"Charge query must be str, got {type(self.query).__name__}.")
-        object.__setattr__(self, "mechanisms", tuple(self.mechanisms))
-        _mechanisms_json(self.mechanisms)
+        given = tuple(self.mechanisms)
+        if not all(isinstance(m, dict | DpEvent) for m in given):
+            raise InternalError(f"Charge mechanisms must be dicts or privacy events, got {given!r}.")
+        events = tuple(m if isinstance(m, DpEvent) else event_from_description(m)
+                       for m in given)
+        object.__setattr__(self, "events", events)
+        object.__setattr__(self, "mechanisms", tuple(e.describe() for e in events))
+        _events_json(events)
 
 
 @dataclass(frozen=True)
@@ -102,11 +112,16 @@ class ChargeRecord:
     query: str
     epsilon: float
     delta: float
-    mechanisms: tuple[dict[str, Any], ...]
+    events: tuple[DpEvent, ...]
+
+    @property
+    def mechanisms(self) -> tuple[dict[str, Any], ...]:
+        """Each event's description dict."""
+        return tuple(e.describe() for e in self.events)
 
     def to_charge(self) -> Charge:
         """Return the record as a :class:`Charge`, for an accountant to compose."""
-        return Charge(self.epsilon, self.delta, self.query, self.mechanisms)
+        return Charge(self.epsilon, self.delta, self.query, self.events)
 
 
 @dataclass(frozen=True)
@@ -253,12 +268,10 @@ def budget_units(budget: BudgetLike) -> tuple[int, int]:
     return epsilon, delta
 
 
-def _mechanisms_json(mechanisms: tuple[dict[str, Any], ...]) -> str:
-    """Serialize mechanism descriptions, raising InternalError if they are not JSON-able."""
-    if not all(isinstance(m, dict) for m in mechanisms):
-        raise InternalError(f"Charge mechanisms must be dicts, got {mechanisms!r}.")
+def _events_json(events: tuple[DpEvent, ...]) -> str:
+    """The events' stored form, raising InternalError if they are not JSON-able."""
     try:
-        return json.dumps(list(mechanisms), sort_keys=True)
+        return encode(events)
     except (TypeError, ValueError) as exc:
         raise InternalError(f"Charge mechanisms are not JSON-able ({exc}).") from exc
 

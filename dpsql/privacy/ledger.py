@@ -54,7 +54,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -81,8 +80,8 @@ from dpsql.privacy.charges import (
     Charge,
     ChargeRecord,
     _check_amount,
+    _events_json,
     _format_amount,
-    _mechanisms_json,
     budget_units,
     charge_units,
     delta_to_units_up,
@@ -90,9 +89,13 @@ from dpsql.privacy.charges import (
     units_to_delta,
     units_to_epsilon,
 )
+from dpsql.privacy.events import decode
 from dpsql.sqlitefile import guarded, make_durable, open_database, open_writer_queue, write_transaction
 
 __all__ = ["Ledger"]
+#: The file's schema. Each row's ``mechanisms`` carries its own version: typed privacy events
+#: (``{"version": 2, "events": [...]}``, :mod:`dpsql.privacy.events`) since issue 13, a bare
+#: list of descriptions before; both are read.
 SCHEMA_VERSION = 1
 LEDGER_FORMAT = "dpsql-ledger"
 
@@ -270,8 +273,7 @@ class Ledger:
             "SELECT id, query, epsilon_units, delta_units, mechanisms "
             "FROM events WHERE analyst = ? AND id > ? ORDER BY id", (analyst, last_id))
         for row in rows:
-            charge = Charge(units_to_epsilon(row[2]), units_to_delta(row[3]), row[1],
-                            tuple(json.loads(row[4])))
+            charge = Charge(units_to_epsilon(row[2]), units_to_delta(row[3]), row[1], decode(row[4]))
             seen.append(_Stored(row[0], charge, (row[2], row[3]), _mu_part(charge)))
         return seen
 
@@ -302,7 +304,7 @@ class Ledger:
             "INSERT INTO events (analyst, time, query, epsilon_units, delta_units, mechanisms)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (analyst, time.time(), charge.query, units[0], units[1],
-             _mechanisms_json(charge.mechanisms)))
+             _events_json(charge.events)))
 
     def _compose(self, stored: Sequence[_Stored], total: tuple[int, int]) -> tuple[int, int]:
         """Compose charges into (epsilon, delta) units, at the budget's delta.
@@ -339,7 +341,7 @@ def _record(row: sqlite3.Row) -> ChargeRecord:
         id=row["id"], analyst=row["analyst"], time=row["time"], query=row["query"],
         epsilon=units_to_epsilon(row["epsilon_units"]),
         delta=units_to_delta(row["delta_units"]),
-        mechanisms=tuple(json.loads(row["mechanisms"])))
+        events=decode(row["mechanisms"]))
 
 
 def _budget_exceeded(analyst: str, new: tuple[int, int], spent: tuple[int, int],

@@ -9,9 +9,10 @@ Gaussian-DP composition (``benchmarks/bench_accounting.py``).
 
 How a charge becomes events
 ---------------------------
-Each :class:`~dpsql.privacy.Charge` lists its measurements
-(:meth:`dpsql.plan.Measurement.describe`). Every measurement was calibrated to a
-guarantee, and the accountant composes those guarantees:
+Each :class:`~dpsql.privacy.Charge` carries the typed privacy event of each measurement
+(:mod:`dpsql.privacy.events`; shown below by the description each keeps). Every
+measurement was calibrated to a guarantee, and the accountant composes the events it
+:func:`supports` by those guarantees:
 
 * **Laplace**, ``{"mechanism": "laplace", "epsilon": e}``: discrete Laplace noise calibrated
   so that the measurement is e-DP. Its event is the PLD of a *discrete Laplace mechanism
@@ -104,6 +105,7 @@ from dpsql.privacy.charges import (
     units_to_delta,
     units_to_epsilon,
 )
+from dpsql.privacy.events import DpEvent, GaussianEvent, LaplaceEvent
 
 __all__ = [
     "PLDAccountant",
@@ -180,33 +182,33 @@ PrivacyEvent(kind='laplace', epsilon=0.1, delta=0.0, mu=0.0))
     (PrivacyEvent(kind='dp', epsilon=1.0, delta=1e-06, mu=0.0),)
     """
     generic = (PrivacyEvent("dp", epsilon=charge.epsilon, delta=charge.delta),)
-    if not charge.mechanisms:
+    if not charge.events:
         return () if charge.epsilon == 0 and charge.delta == 0 else generic
     laplace: list[PrivacyEvent] = []
     mus: list[float] = []
-    for mechanism in charge.mechanisms:
-        if not supports(mechanism):
+    for event in charge.events:
+        if not supports(event):
             return generic
-        if mechanism["mechanism"] == "laplace":
-            laplace.append(PrivacyEvent("laplace", epsilon=float(mechanism["epsilon"])))
-        else:
-            mus.append(float(mechanism["mu"]))
+        if isinstance(event, LaplaceEvent):
+            laplace.append(PrivacyEvent("laplace", epsilon=float(event.epsilon)))
+        elif isinstance(event, GaussianEvent):
+            mus.append(float(event.mu))
     if mus:
         laplace.append(PrivacyEvent("gaussian", mu=math.sqrt(math.fsum(m * m for m in mus))))
     return tuple(laplace)
 
 
-def supports(mechanism: Mapping[str, Any]) -> bool:
-    """Whether a measurement description has a PLD of its own (else: its charge's amounts).
+def supports(event: DpEvent) -> bool:
+    """Whether a privacy event has a PLD of its own (else: its charge's amounts).
 
-    >>> supports({"mechanism": "gaussian", "mu": 0.3}), supports({"mechanism": "ptr"})
+    >>> from dpsql.privacy.events import UnknownEvent
+    >>> supports(GaussianEvent(mu=0.3)), supports(UnknownEvent(description={"mechanism": "ptr"}))
     (True, False)
     """
-    kind = mechanism.get("mechanism")
-    if kind == "laplace":
-        return _positive(mechanism.get("epsilon")) is not None
-    if kind == "gaussian":
-        return _positive(mechanism.get("mu")) is not None
+    if isinstance(event, LaplaceEvent):
+        return _positive(event.epsilon) is not None
+    if isinstance(event, GaussianEvent):
+        return _positive(event.mu) is not None
     return False
 
 
@@ -243,9 +245,9 @@ class PLDAccountant:
         self._signatures: dict[tuple[PrivacyEvent, ...], int] = {}
         self._composed: OrderedDict[frozenset[tuple[PrivacyEvent, int]], PLD] = OrderedDict()
 
-    def supports(self, mechanism: Mapping[str, Any]) -> bool:
+    def supports(self, event: DpEvent) -> bool:
         """See :func:`supports`."""
-        return supports(mechanism)
+        return supports(event)
 
     def compose(self, events: Sequence[Charge],
                 target_delta: float | None = None) -> tuple[float, float]:

@@ -75,6 +75,7 @@ __all__ = [
     "attach",
     "bias_mechanisms",
     "bias_query",
+    "bias_split",
     "clip_per_unit",
     "estimate_bias",
     "quantities",
@@ -191,6 +192,20 @@ class BiasEstimate:
                 f"{self.epsilon:g} of this query's charge")
 
 
+def bias_split(epsilon: float) -> tuple[float, float]:
+    """The query's epsilon and the estimates', from the epsilon asked: ``1 - BIAS_SHARE`` of
+    it plans the query (the analyzer checks it), the rest goes to the estimates. A value
+    that is not a number is passed on for the analyzer to refuse.
+
+    >>> bias_split(1.0)
+    (0.9, 0.1)
+    """
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
+        return epsilon, 0.0
+    query = epsilon * (1 - BIAS_SHARE)
+    return query, query * BIAS_SHARE / (1 - BIAS_SHARE)
+
+
 def clip_per_unit(plan: QueryPlan) -> int:
     """C: how many dropped rows (or clipped values) of one unit are counted."""
     return CLIP_FACTOR * plan.max_rows_per_unit * plan.max_groups_per_unit
@@ -232,7 +247,7 @@ def bias_query(plan: QueryPlan, engine: Engine, qs: Sequence[Quantity]) -> exp.E
     """SQL for, per group, ``sum_u floor(2**FRACTION_BITS * t_ug)`` of each quantity ``t``
     (one column ``__b<i>`` per quantity, after the group keys)."""
     d = "duckdb"  # written in DuckDB's SQL; another engine gets the tree, transpiled
-    unit = _unit(plan, engine) if _bounded(plan) else _row_id(engine, plan.sources[0])
+    unit = _unit(plan) if _bounded(plan) else _row_id(plan.sources[0])
     projections: list[exp.Expr] = [exp.alias_(unit, "__u", quoted=True)]
     projections += [exp.alias_(k.expression.copy(), k.name, quoted=True) for k in plan.group_keys]
     for i, q in enumerate(qs[1:], 1):
@@ -241,7 +256,7 @@ def bias_query(plan: QueryPlan, engine: Engine, qs: Sequence[Quantity]) -> exp.E
         outside = f"({v.sql(dialect=d)} < {lo!r} OR {v.sql(dialect=d)} > {hi!r})"
         projections.append(exp.alias_(exp.maybe_parse(
             f"CASE WHEN {outside} AND NOT isnan({v.sql(dialect=d)}) THEN 1 ELSE 0 END", dialect=d), f"__c{i}", quoted=True))
-    rows = _rows(plan, engine, projections=projections, filter_keys=True).sql(dialect=d)
+    rows = _rows(plan, projections=projections, filter_keys=True).sql(dialect=d)
     keys = [exp.to_identifier(k.name, quoted=True).sql(dialect=d) for k in plan.group_keys]
     key_list = "".join(f"{k}, " for k in keys)
     r, l0 = (plan.max_rows_per_unit, plan.max_groups_per_unit) if _bounded(plan) else (1, 1)

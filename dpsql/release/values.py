@@ -74,8 +74,7 @@ def release_values(
 
 
 def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, source: RandomSource | None) -> UDFRelease:
-    count_eps = release.epsilon * ValueRelease.COUNT_SHARE
-    eps = release.epsilon - count_eps
+    count_eps, eps = release.count_epsilon, release.answer_epsilon  # the split is the plan's
     units = len(np.unique(ids))
     noisy_units = max(1.0, float(units + laplace_noise(1, count_eps).sample(1, source)[0]))
     target = release.target

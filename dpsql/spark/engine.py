@@ -22,9 +22,11 @@ partitioning), so :meth:`SparkEngine.row_id` is the keyed-hash input ``xxhash64`
 whole row, as DuckDB's engine does for views: identical rows share an id, which only
 merges units, so every bound still holds.
 
-Dialect. The pipeline writes bounded SQL in :attr:`SparkEngine.dialect` (DuckDB's, for now:
-``rewrite`` builds DuckDB functions into its tree) and :meth:`SparkEngine.run` translates
-it. When ``rewrite`` hands engines the tree itself (issue 13), ``run`` takes it directly.
+Dialect. ``rewrite`` builds the bounded query as a tree with DuckDB's functions
+(:attr:`SparkEngine.dialect`); the pipeline hands :meth:`SparkEngine.run` that tree
+(:meth:`SparkEngine.prepare`), which translates it without parsing any text, and
+``explain`` shows the Spark SQL it sends (:meth:`SparkEngine.sql`). SQL text in DuckDB's
+dialect is still accepted (parsed first).
 """
 
 from __future__ import annotations
@@ -215,6 +217,10 @@ class SparkEngine:
         check_reachable(translated, self._allowed, params or {})
         return translated.sql(dialect="spark", pretty=pretty)
 
+    def prepare(self, query: exp.Expression) -> exp.Expression:
+        """The tree itself: :meth:`run` translates it, no SQL text is parsed again."""
+        return query
+
     def shown_sql(self, query: exp.Expression) -> str:
         """The Spark SQL :meth:`run` sends for ``query`` (what ``explain`` shows), its salt
         parameters unbound."""
@@ -224,7 +230,7 @@ class SparkEngine:
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run a bounded query (a tree, or its text in :attr:`dialect`) with its salts bound
         as named parameters, and return its rows as Arrow."""
-        sql = self.spark_sql(query, params)
+        sql = self.spark_sql(query, params or {})
         args: dict[str, Any] = {k: int(v) if isinstance(v, int) else v for k, v in (params or {}).items()}
         with self._lock:
             context = self._session.sparkContext

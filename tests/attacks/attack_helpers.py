@@ -136,7 +136,8 @@ def exact_bounded(conn: dpsql.Connection, sql: str, *, salt: int, epsilon: float
     """
     plan = conn.plan(sql, epsilon=epsilon, delta=delta)
     unfloored = replace(plan, measurements=tuple(replace(m, shift=min(m.shift, 0)) for m in plan.measurements))
-    table = conn._engine.run(bounded_query(unfloored, conn._engine, salt=salt))
+    bounded = bounded_query(unfloored, salt=salt)
+    table = conn._engine.run(bounded.query, dict(bounded.lists) or None)
     keys = list(zip(*(table[k.name].to_pylist() for k in plan.group_keys))) if plan.group_keys else [()] * table.num_rows
     out: dict[tuple[str, str | None], dict[tuple[object, ...], float]] = {}
     for m in plan.measurements:
@@ -151,7 +152,7 @@ def unit_values(conn: dpsql.Connection, sql: str, *, salt: int, epsilon: float =
     plan = conn.plan(sql, epsilon=epsilon, delta=delta)
     rows: list[dict[str, Any]] = []
     for release in plan.value_releases:
-        rows += conn._engine.run(value_query(plan, release, conn._engine, salt=salt)).to_pylist()
+        rows += conn._engine.run(value_query(plan, release, salt=salt)).to_pylist()
     return rows
 
 

@@ -90,7 +90,7 @@ def noise(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
         for delta in (0.0, DELTA):
             plan = conn.plan(SQL, epsilon=1.0, delta=delta)
             (n_m,), (s_m,) = measurement_for(plan, "n"), measurement_for(plan, "s")
-            exact = conn._engine.run(bounded_query(plan, conn._engine, salt=1)).to_pylist()
+            exact = conn._engine.run(bounded_query(plan, salt=1).query).to_pylist()
             by_group = {row["__g0"]: row for row in exact}
             count = np.array([by_group[g][n_m.name] for g in GROUPS], dtype=np.float64)
             floored = np.array([by_group[g][s_m.name] for g in GROUPS], dtype=np.float64)

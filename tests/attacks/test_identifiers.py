@@ -140,6 +140,6 @@ def test_every_spelling_of_a_listed_column_reads_that_column(conn) -> None:  # t
 
 def test_the_engine_only_sees_the_policys_spelling(conn) -> None:  # type: ignore[no-untyped-def]
     sql = 'SELECT "REGION", SUM("SaLaRy") FROM "VISITS" AS "v; DROP TABLE visits" GROUP BY 1'
-    text = bounded_query(conn.plan(sql, epsilon=1.0), conn._engine, salt=0).sql(dialect="duckdb")
+    text = bounded_query(conn.plan(sql, epsilon=1.0), salt=0).query.sql(dialect="duckdb")
     assert '"salary"' in text and '"region"' in text
     assert "SaLaRy" not in text and "REGION" not in text and "DROP" not in text

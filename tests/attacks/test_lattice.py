@@ -115,7 +115,7 @@ def test_a_difference_below_one_lattice_step_is_erased_before_the_noise(tmp_path
 
 
 def _bounded(conn, plan):  # type: ignore[no-untyped-def]
-    return bounded_query(plan, conn._engine, salt=3)
+    return bounded_query(plan, salt=3).query
 
 
 def _fine_bits(values: np.ndarray) -> int:

@@ -90,7 +90,7 @@ def test_partition_selection_counts_each_unit_once_in_at_most_l0_groups(pair) ->
         counts = []
         for conn in pair:
             plan = conn.plan(sql, epsilon=1.0, delta=1e-6)
-            table = conn._engine.run(bounded_query(plan, conn._engine, salt=salt))
+            table = conn._engine.run(bounded_query(plan, salt=salt).query)
             counts.append(dict(zip(table["__g0"].to_pylist(), table[plan.selection.name].to_pylist())))
         moved = {c: counts[1].get(c, 0) - counts[0].get(c, 0) for c in set(counts[0]) | set(counts[1])}
         moved = {c: v for c, v in moved.items() if v}

@@ -119,13 +119,13 @@ def test_an_engine_error_is_one_fixed_charged_error(neighbours: tuple[Path, Path
 
 
 def test_an_error_in_the_noise_step_is_the_same_fixed_error(neighbours: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpsql.connection as connection
+    import dpsql.read as read  # the one step that reads and noises (issue 13)
 
     def broken(*_: Any, **__: Any) -> Any:
         raise OverflowError("sum 123456789 too large")
 
     with connect(neighbours[1], policy(TABLES)) as conn:
-        monkeypatch.setattr(connection, "noisy_table", broken)
+        monkeypatch.setattr(read, "noisy_table", broken)
         with pytest.raises(QueryFailed, match="^the query was charged but could not be answered"):
             conn.execute("SELECT SUM(x) FROM t", epsilon=0.5)
         assert conn.budget().queries == 1

@@ -64,7 +64,7 @@ def _database(path: Path, hostile: bool) -> str:
 def _counts(path: str) -> dict[str, int]:
     with dpsql.connect(path, policy=parse_policy(POLICY), analyst="x") as conn:
         plan = conn.plan(SQL, epsilon=1.0)
-        rows = conn._engine.run(bounded_query(plan, conn._engine, salt=5)).to_pylist()
+        rows = conn._engine.run(bounded_query(plan, salt=5).query).to_pylist()
     return {r["__g0"]: r["__m0"] for r in rows}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from engine_support import ENGINES, connection, sorted_rows
-from dpsql.rewrite import bounded_query, salt_parameters, value_query
+from dpsql.rewrite import bounded_query, value_query
 
 HERE = Path(__file__).parent
 FIXTURES = HERE.parent / "fixtures" / "rewrite.sql"
@@ -58,11 +58,11 @@ GOLDEN_CASES = _golden_cases()
 
 def exact(engine: Any, policy: str, sql: str, epsilon: float = 1.0, delta: float = 0.0) -> list[tuple[Any, ...]]:
     """The exact bounded aggregates ``engine`` returns for ``sql``, as the pipeline runs them
-    (DuckDB-dialect text, salts bound as parameters)."""
+    (what the engine prepares from the tree, salts bound as parameters)."""
     conn = connection(engine, policy)
     plan = conn.plan(sql, epsilon=epsilon, delta=delta)
-    text = bounded_query(plan, engine).sql(dialect=engine.dialect)
-    return sorted_rows(engine.run(text, salt_parameters(text)))
+    bounded = bounded_query(plan)
+    return sorted_rows(engine.run(engine.prepare(bounded.query), bounded.salts()))
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,7 @@ def test_order_statistic_values_are_the_same_multiset(engine_name: str, build_en
     conn = connection(engine, policy)
     plan = conn.plan("SELECT k, MEDIAN(x) FROM t GROUP BY k", epsilon=1.0, delta=1e-6)
     (release,) = plan.value_releases
-    values = engine.run(value_query(plan, release, engine, salt=7).sql(dialect=engine.dialect))
+    values = engine.run(value_query(plan, release, salt=7))
     got = sorted((r[plan.group_keys[0].name], r["__v"]) for r in values.to_pylist())
     assert got == sorted((k, x) for _, k, x in rows)
 
@@ -254,3 +254,16 @@ def test_l0_cap_keeps_exactly_g_random_groups(engine_name: str, build_engine) ->
     per_row = round(2.5 * 2**m_sum.frac_bits)
     for _g, n, total in result:
         assert total == (n * per_row >> m_sum.shift if m_sum.shift > 0 else n * per_row)
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_explain_shows_the_sql_the_engine_runs(engine_name: str, build_engine) -> None:
+    """``explain`` shows the bounded query in the engine's own SQL (issue 13): Spark SQL on
+    Spark, with its keyed hash ``xxhash64``; DuckDB's ``hash`` on DuckDB."""
+    rows = [(u, g, 1.0) for u in range(10) for g in "abc"]
+    engine = build_engine(engine_name, {"t": ("u BIGINT, g VARCHAR, x DOUBLE", rows)})
+    conn = connection(engine, L0_POLICY)
+    sql = "SELECT g, COUNT(*) AS n FROM t GROUP BY g"
+    shown = conn.explain(sql).bounded_sql
+    assert shown == engine.shown_sql(bounded_query(conn.plan(sql), salt=0).query)
+    assert ("xxhash64" in shown.lower()) == (engine_name == "spark")

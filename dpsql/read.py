@@ -1,0 +1,84 @@
+"""The one step that reads private data: the plan's bounded query (:mod:`dpsql.rewrite`)
+on the engine, then the noise (:mod:`dpsql.release`).
+
+The connection calls :meth:`Reader.read` only after the charge. Whatever goes wrong in it
+(an engine error, an interrupt at the deadline, a bug) becomes one
+:class:`~dpsql.errors.QueryFailed` with a fixed message: never the engine's text, which
+could quote or depend on one person's row (DESIGN §7). The cause goes to the ``dpsql``
+logger (type and stack, no message) for the data owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+
+import pyarrow as pa
+import sqlglot.expressions as exp
+
+from dpsql.engine import Engine
+from dpsql.errors import QueryFailed
+from dpsql.noise import RandomSource
+from dpsql.plan import QueryPlan
+from dpsql.release import noisy_table
+from dpsql.rewrite import Bounded, bounded_query, value_query
+
+__all__ = ["Reader"]
+
+log = logging.getLogger("dpsql")
+
+
+class Reader:
+    """Reads plans' bounded queries from one engine and adds their noise.
+
+    Args:
+        engine: where the data is.
+        source: for tests only: a seeded noise source (production noise: the OS CSPRNG).
+    """
+
+    def __init__(self, engine: Engine, source: RandomSource | None = None) -> None:
+        self._engine = engine
+        self._source = source
+        self._prepared: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded]] = {}
+
+    def read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
+        """The noisy table of ``plan`` and what each order statistic or UDF used.
+
+        The exception of a failure is raised outside this ``except`` block, so not even
+        ``__context__`` carries it to the caller. ``late`` is set when the query's deadline
+        has passed (:mod:`dpsql.timing`): what was read is then discarded.
+
+        Raises:
+            QueryFailed: reading or noising failed, whatever the cause.
+        """
+        try:
+            prepared, bounded = self._bounded(plan)
+            exact = self._engine.run(prepared, bounded.arguments())
+            if late is None or not late.is_set():
+                return self._noisy(plan, exact)
+        except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
+            log.warning("a charged query failed while reading the data (%s); stack:\n%s",
+                        type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
+        raise QueryFailed()
+
+    def forget(self) -> None:
+        """Drop every prepared query (the plans they belong to were dropped)."""
+        self._prepared.clear()
+
+    def _bounded(self, plan: QueryPlan) -> tuple[exp.Expression | str, Bounded]:
+        """The bounded query as the engine runs it, its salts left as parameters: prepared
+        once per plan (a plan is immutable; generating SQL is most of a small query's fixed
+        cost), with the parameter names rewrite reported."""
+        held = self._prepared.get(id(plan))
+        if held is None or held[0] is not plan:
+            bounded = bounded_query(plan, list_parameters=True)
+            held = (plan, self._engine.prepare(bounded.query), bounded)
+            self._prepared[id(plan)] = held
+        return held[1], held[2]
+
+    def _noisy(self, plan: QueryPlan, exact: pa.Table) -> tuple[pa.Table, dict[str, list[object]]]:
+        """Noisy aggregates, fetching first the values order statistics and UDFs read."""
+        values = {r.name: self._engine.run(value_query(plan, r)) for r in plan.value_releases}
+        report: dict[str, list[object]] = {}
+        return noisy_table(plan, exact, self._source, values=values, report=report), report
