@@ -142,10 +142,12 @@ def exact_sums(node: exp.Expression) -> exp.Expression:
     arithmetic shift), and per-row values stay within 2^40 (``ROW_BITS``), so each half is
     within 2^20 and neither BIGINT sum can overflow before 2^43 rows in one group (past
     that, Spark's ANSI mode raises: a failed query, never a wrong sum). A DECIMAL(38,0) sum
-    adds every row as a Java BigDecimal: on the core query over 10M rows (two sums per
-    unit and group, before the shared sums of the lean bounded SQL) the halves took the
-    JVM's CPU from 15.2 s to 11.8 s against the floor's 9.1 s (``benchmarks/bench_spark.py
-    --variants`` times it)."""
+    adds every row as a Java BigDecimal. Measured on the core query over 10M rows (JVM CPU,
+    interleaved, loaded machine): with two sums per unit and group (the bounded SQL before
+    its shared sums) the halves took 15.2 s to 11.8 s, floor 9.1 s; with the one shared sum
+    of today's bounded SQL they gain nothing (11.4-11.9 s against 10.9 s for one DECIMAL
+    sum, floor 10.1 s: within the noise, if anything slower). ``benchmarks/bench_spark.py
+    --variants`` times both; kept while the difference is unsettled."""
     if not _is_wide(node):
         return node
     inner = node.this
@@ -174,8 +176,9 @@ def exact_round(node: exp.Expression) -> exp.Expression:
     * 2 AS BIGINT)`` with ``t = CAST(x AS BIGINT)``: the same rounding, half away from zero.
 
     Spark's ROUND of a DOUBLE goes through ``java.math.BigDecimal`` (the number's decimal
-    text): on the core query over 10M rows it was the largest single cost (the JVM's CPU
-    21.4 s with it, 15.2 s without, the floor 9.1 s). ``t`` truncates toward zero; ``x - t`` is exact (``|x| < 2^53``:
+    text): on the core query over 10M rows it was the largest single cost (JVM CPU, old
+    bounded SQL: 21.4 s with it, 15.2 s without, floor 9.1 s; today's: 13.3 s with it,
+    10.9 s without, floor 10.1 s). ``t`` truncates toward zero; ``x - t`` is exact (``|x| < 2^53``:
     Sterbenz; beyond, ``x`` is whole and ``x - t = 0``), and doubling it is exact, so its
     truncation is 1 for a fraction of at least 1/2, -1 for at most -1/2, else 0: DuckDB's
     ``round`` (and Spark's: both away from zero at a half). NaN, infinities and values past
