@@ -316,3 +316,19 @@ income = { bounds = [0, 100] }
     assert "INT128" not in shown and "HUGEINT" not in shown and '"' not in shown  # DuckDB's spellings
     rows = spark.sql(shown).collect()  # the text as shown runs on Spark (its salt is a placeholder 0)
     assert sorted(r[0] for r in rows) == ["north", "south"]
+
+
+def test_a_bounded_text_is_translated_once_and_its_parameters_still_checked(spark, monkeypatch) -> None:
+    from dpsql.spark import SparkEngine
+    from dpsql.spark import engine as spark_engine
+
+    engine = SparkEngine(spark, tables={"v": spark.createDataFrame([(1,)], "u BIGINT")})
+    text = f"SELECT HASH(XOR(HASH(u), CAST($salt2 AS UBIGINT))) AS h FROM {engine.table('v').sql(dialect='duckdb')}"
+    calls: list[object] = []
+    real = spark_engine.to_spark
+    monkeypatch.setattr(spark_engine, "to_spark", lambda tree: calls.append(tree) or real(tree))
+    first = engine.spark_sql(text, {"salt2": 1})
+    assert engine.spark_sql(text, {"salt2": 2}) == first and len(calls) == 1
+    with pytest.raises(dpsql.InternalError, match="salt2"):
+        engine.spark_sql(text, {})
+    assert engine.run(text, {"salt2": 5}).num_rows == 1
