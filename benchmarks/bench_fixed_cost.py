@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import dpsql  # noqa: E402
 import dpsql.connection as connection  # noqa: E402
+import dpsql.rewrite as rewrite  # noqa: E402
 from dpsql.demo import demo_database  # noqa: E402
 from dpsql.engine import DuckDBEngine  # noqa: E402
 from dpsql.postprocess import Postprocessor  # noqa: E402
@@ -107,7 +108,7 @@ def instrument(timer: StageTimer) -> None:
     for name in ("analyze", "public_only", "references_local_table"):
         timer.wrap(connection, name, "analyze")
     timer.wrap(Postprocessor, "check", "analyze")
-    timer.wrap(connection, "bounded_query", "rewrite tree")
+    timer.wrap(rewrite, "bounded_query", "rewrite tree")
     timer.wrap(sqlglot.generator.Generator, "generate", "SQL text")
     timer.wrap(DuckDBEngine, "run", "engine")
     timer.wrap(connection, "noisy_table", "release")

@@ -20,6 +20,12 @@ for an unknown id, timed at the verifier, KS-tested the same way.
 
     python benchmarks/bench_timing.py --runs 200 --write   # appends to benchmarks/RESULTS.md
 
+``--workers N`` runs each server with N worker processes (N deadline slots; default: the
+server's own, one per core). ``--busy`` adds the contention caveat of several slots
+(:mod:`dpsql.timing`, "CPU contention"): during the attacks a second client per server sends
+the guarded LIKE back to back, so one worker is busy with a run that is heavy only on D'
+while the attack's query runs in another; the attack must still not tell D from D'.
+
 The machine's speed is measured once (``dpsql.timing.calibrate``) and pinned in both servers'
 policies (``[server] deadline_base_ms``, ``deadline_ms_per_million_rows``): the comparison
 is of two databases behind one server configuration.
@@ -107,7 +113,8 @@ def make_databases(home: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def start_server(db: Path, home: Path, model: TimingModel) -> tuple[subprocess.Popen[bytes], list[str], str, Path]:
+def start_server(db: Path, home: Path, model: TimingModel,
+                 workers: int | None = None) -> tuple[subprocess.Popen[bytes], list[str], str, Path]:
     home.mkdir(parents=True, exist_ok=True)
     policy = home / "policy.toml"
     policy.write_text(POLICY + f"deadline_base_ms = {1e3 * model.base!r}\n"
@@ -120,7 +127,7 @@ def start_server(db: Path, home: Path, model: TimingModel) -> tuple[subprocess.P
         proc = subprocess.Popen(
             [sys.executable, "-m", "dpsql", "serve", "--db", str(db), "--policy", str(policy),
              "--ledger", str(home / "ledger.sqlite"), "--auth", str(home / "auth.toml"), "--port", "0",
-             "--pg-port", "0"],
+             "--pg-port", "0", *([] if workers is None else ["--workers", str(workers)])],
             stdout=subprocess.PIPE, stderr=err, env=env,
         )
     assert proc.stdout is not None
@@ -194,6 +201,36 @@ def separability(a: list[float], b: list[float]) -> tuple[float, float]:
     return p, correct / len(test)
 
 
+class Busy:
+    """One background client per server sending the guarded LIKE (heavy on D' only) back to back."""
+
+    def __init__(self, servers: list[tuple[str, str]]) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self.sent = 0
+        self._threads = [threading.Thread(target=self._run, args=(address, token, k), daemon=True)
+                         for k, (address, token) in enumerate(servers)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, address: str, token: str, k: int) -> None:
+        with dpsql.Client(address, token=token) as client:
+            i = 0
+            while not self._stop.is_set():
+                i += 1
+                try:
+                    client.execute(SHAPES[0][1], epsilon=0.25 + (1_000_000 * k + i) * 1e-9)
+                except dpsql.Error:
+                    pass
+                self.sent += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+
 def attack(shape: tuple[str, str, float], clients: list[object], runs: int, offset: int) -> dict[str, object]:
     name, sql, delta = shape
     times: list[list[float]] = [[], []]
@@ -245,6 +282,8 @@ def tokens(home: Path, runs: int) -> dict[str, object]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=None, help="dpsql serve --workers (default: one per core)")
+    parser.add_argument("--busy", action="store_true", help="a concurrent guarded-LIKE client per server")
     parser.add_argument("--write", action="store_true", help="append the report to benchmarks/RESULTS.md")
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -253,7 +292,8 @@ def main() -> int:
         home = Path(tmp)
         dbs = make_databases(home)
         model = calibrate(pipeline=dpsql.Connection)  # once, for both servers: one configuration, two databases
-        servers = [start_server(db, home / f"server{i}", model) for i, db in enumerate(dbs)]
+        servers = [start_server(db, home / f"server{i}", model, args.workers) for i, db in enumerate(dbs)]
+        busy = Busy([(addresses[0], token) for _, addresses, token, _ in servers]) if args.busy else None
         try:
             models = [model_of(log) for _, _, _, log in servers]
             clients = [dpsql.Client(addresses[0], token=token) for _, addresses, token, _ in servers]
@@ -265,6 +305,8 @@ def main() -> int:
                 for client in pg:
                     client.close()
         finally:
+            if busy is not None:
+                busy.stop()
             for proc, *_ in servers:
                 stop_server(proc)
         control = [embedded(shape, dbs, home, args.runs) for shape in SHAPES]
@@ -286,7 +328,9 @@ def render(args: argparse.Namespace, served: list[dict[str, object]], served_pg:
         "",
         f"{cpu_model()}, {os.cpu_count()} cores, {ram_gib():.0f} GiB; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after; {seconds:.0f} s. D: {UNITS:,} units; D' = D plus one target unit. "
-        f"{args.runs} fresh queries per database, interleaved; times at the client.",
+        f"{args.runs} fresh queries per database, interleaved; times at the client. Server workers: "
+        f"{args.workers or 'default (one per core)'}; busy neighbour (guarded LIKE in another worker): "
+        f"{'yes' if args.busy else 'no'}.",
         "",
         f"Deadline models of the two servers (must agree): `{models[0]}` / `{models[1]}`.",
         "",

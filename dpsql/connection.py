@@ -408,7 +408,7 @@ class Connection:
         if cached is not None:
             return repeat_result(plan, cached, sql)
         with self._answers.claim() as claim:
-            cached = claim.get(key, self._anchor())
+            cached = claim.get(key, self._anchor)  # read again after waiting for another asker
             if cached is not None:  # another connection answered it meanwhile
                 return repeat_result(plan, cached, sql)
             result, table, cells = self._charge_and_answer(plan, sql, charge_of(plan, sql), late)

@@ -45,18 +45,31 @@ When answers are invalidated
 Where answers are kept
 ----------------------
 With a ledger file, in a SQLite file beside it, ``<ledger>.answers`` (WAL,
-``synchronous=FULL``), so repeats are free across connections and processes. With an
+``synchronous=NORMAL``), so repeats are free across connections and processes. With an
 in-memory ledger, in memory, for the life of the connection.
+
+Why NORMAL and not FULL: a commit is still atomic and ordered (WAL), and a process that
+crashes loses nothing the OS already has; only a power failure or an OS crash can lose the
+last commits. What is lost is an *answer*, never a *charge*: the ledger (``synchronous=FULL``)
+recorded the charge before the answer left, so the next ask pays again and draws fresh
+noise, both charged: the accounting stays exact, the analyst overpays once. Saving this
+file's fsync takes one of the two fdatasyncs of a new query off its critical path.
 
 Concurrency and crashes
 -----------------------
-The miss path runs inside one ``BEGIN IMMEDIATE`` transaction of the answers file:
-look again (another process may have just answered), charge the ledger, build the result,
-store it, ``COMMIT``, and only then return it. Two processes asking the same new query
-therefore serialise: the first pays and stores, the second finds the stored answer and pays
-nothing, and both return the same answer. A crash before the ``COMMIT`` stores nothing and
-releases nothing (a charge already made is lost budget, never privacy): the next ask pays
-again and gets the first answer anyone saw.
+The miss path claims its *key*, not the file: a short ``BEGIN IMMEDIATE`` transaction
+looks again (another process may have just answered) and, when there is no answer, writes
+a ``pending`` row for the key and commits. The charge, the read and the noise then run with
+no lock held, so new queries with different keys run side by side (the server's workers do);
+a second transaction stores the answer and deletes the pending row, and only then is the
+answer returned. Whoever finds a live pending row for its key waits for it (a few ms polls)
+and is served that answer. Two processes asking the same new query therefore serialise: the
+first pays and stores, the second finds the stored answer and pays nothing, and both return
+the same answer. A claim whose owner failed is deleted by it; one whose owner process died
+(kill -9) is taken over once that process no longer exists (or after
+``_STALE_CLAIM_SECONDS``). A crash before the storing ``COMMIT`` stores nothing and releases
+nothing (a charge already made is lost budget, never privacy): the next ask pays again and
+gets the first answer anyone saw.
 """
 
 from __future__ import annotations
@@ -66,10 +79,11 @@ import io
 import json
 import math
 import os
+import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -82,7 +96,7 @@ import sqlglot
 from dpsql.errors import Error
 from dpsql.policy import Policy
 from dpsql.analyze.parse import DIALECT
-from dpsql.sqlitefile import guarded, make_durable, open_database, write_transaction
+from dpsql.sqlitefile import guarded, open_database, write_transaction
 
 __all__ = [
     "ANSWERS_SUFFIX",
@@ -112,7 +126,16 @@ _SCHEMA = (
         cells TEXT NOT NULL,
         privacy TEXT NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS pending (
+        key TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        time REAL NOT NULL
+    )""",
 )
+#: A pending claim older than this is taken over even if its process seems alive (pid reuse).
+_STALE_CLAIM_SECONDS = 600.0
+_CLAIM_POLL_SECONDS = 0.002
 
 
 @dataclass(frozen=True)
@@ -196,13 +219,22 @@ class RepeatCache:
 
     @contextmanager
     def claim(self) -> Iterator[_Claim]:
-        """One write transaction of the answers file (``BEGIN IMMEDIATE`` ... ``COMMIT``).
+        """Claim a key for answering it (see "Concurrency and crashes" above).
 
-        Inside it no other process can store an answer: look up, charge, store, and the
-        ``COMMIT`` makes the answer visible to every later repeat. An exception rolls back.
+        ``claim.get(key, anchor)`` returns the stored answer (waiting for one another
+        process is computing), or ``None`` after recording that this caller computes it;
+        ``claim.put(...)`` then stores the answer and drops the claim in one commit. An
+        exception, or leaving without ``put``, drops the claim. No lock is held between.
         """
-        with self._guarded(), write_transaction(self._conn):
-            yield _Claim(self)
+        claim = _Claim(self)
+        try:
+            yield claim
+        finally:
+            claim.release()
+
+    def _write(self) -> AbstractContextManager[None]:
+        """One short write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``), rolled back on error."""
+        return _transaction(self)
 
     def close(self) -> None:
         """Close the file. Closing twice is harmless."""
@@ -249,18 +281,75 @@ class RepeatCache:
         )
 
 
+@contextmanager
+def _transaction(cache: RepeatCache) -> Iterator[None]:
+    with cache._guarded(), write_transaction(cache._conn):
+        yield
+
+
 class _Claim:
-    """What may be done inside :meth:`RepeatCache.claim`."""
+    """What may be done inside :meth:`RepeatCache.claim`: look up (claiming the key when
+    there is no answer yet), then store."""
 
     def __init__(self, cache: RepeatCache) -> None:
         self._cache = cache
+        self._owner = secrets.token_hex(8)
+        self._key: str | None = None
 
-    def get(self, key: str, anchor: str) -> CachedAnswer | None:
-        return self._cache._get(key, anchor)
+    def get(self, key: str, anchor: str | Callable[[], str]) -> CachedAnswer | None:
+        """The stored answer, else ``None`` with the key claimed. ``anchor`` may be a function:
+        it is then read again after each wait (the first charge of a new analyst, made by the
+        caller waited for, sets the anchor its answer is stored under)."""
+        while True:
+            now = anchor() if callable(anchor) else anchor
+            with self._cache._write():
+                found = self._cache._get(key, now)
+                if found is not None:
+                    return found
+                row = self._cache._conn.execute("SELECT pid, time FROM pending WHERE key = ?", (key,)).fetchone()
+                if row is None or _stale(int(row[0]), float(row[1])):
+                    self._cache._conn.execute(
+                        "INSERT OR REPLACE INTO pending (key, owner, pid, time) VALUES (?, ?, ?, ?)",
+                        (key, self._owner, os.getpid(), time.time()))
+                    self._key = key
+                    return None
+            time.sleep(_CLAIM_POLL_SECONDS)  # another caller is answering this key: wait for it
 
     def put(self, key: str, anchor: str, analyst: str, sql: str, table: pa.Table,
             cells: Mapping[str, list[float | None]], privacy: Mapping[str, Any]) -> None:
-        self._cache._put(key, anchor, analyst, sql, table, cells, privacy)
+        with self._cache._write():
+            self._cache._put(key, anchor, analyst, sql, table, cells, privacy)
+            self._drop(key)
+        self._key = None
+
+    def release(self) -> None:
+        """Drop this caller's claim, if it still holds one (it failed or did not store)."""
+        if self._key is None:
+            return
+        key, self._key = self._key, None
+        try:
+            with self._cache._write():
+                self._drop(key)
+        except Error:  # a closed cache: the claim goes stale with this process
+            pass
+
+    def _drop(self, key: str) -> None:
+        self._cache._conn.execute("DELETE FROM pending WHERE key = ? AND owner = ?", (key, self._owner))
+
+
+def _stale(pid: int, since: float) -> bool:
+    """A pending claim nobody will finish: its process is gone, or it is very old."""
+    if time.time() - since > _STALE_CLAIM_SECONDS:
+        return True
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, owned by someone else
+        return False
+    return False
 
 
 def _jsonable(cells: Mapping[str, list[float | None]]) -> dict[str, list[float | str | None]]:
@@ -297,7 +386,8 @@ def _prepare(conn: sqlite3.Connection, path: str | None) -> None:
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if tables and not {"meta", "answers"} <= tables:
         raise Error(f"{path!r} is not a dpsql repeat-answers file; move it away or choose another ledger path.")
-    make_durable(conn)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")  # an answer lost to power failure is paid again (docstring)
     with write_transaction(conn):
         for statement in _SCHEMA:
             conn.execute(statement)

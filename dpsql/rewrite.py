@@ -101,12 +101,14 @@ def salt_parameters(sql: str) -> dict[str, int]:
 
 #: A key's listed values, when more than this many, are one bound list parameter applied to
 #: the (unit, group) pairs instead of a literal ``IN`` list over the rows (issue 16: 100,000
-#: public zips were a 690 KB ``IN`` list, 3.8 s to write and 3-5x the floor to run).
-LIST_PARAMETER = 1000
+#: public zips were a 690 KB ``IN`` list, 3.8 s to write and 3-5x the floor to run). Any
+#: length gains: filtering the pairs, not the rows, took GROUP BY region, device (10M rows,
+#: the L0 cap applies) from 25.5 to 18.6 s under load 25, interleaved.
+LIST_PARAMETER = 0
 
 
 def key_parameters(plan: QueryPlan, engine: Engine) -> dict[str, list[object]]:
-    """The listed key values :func:`bounded_query` binds as list parameters (public: the
+    """The listed key values :func:`bounded_sql`'s text binds as list parameters (public: the
     policy's values), by parameter name."""
     return {name: list(values) for name, _, _, values in _listed_keys(plan, engine)}
 
@@ -114,12 +116,12 @@ def key_parameters(plan: QueryPlan, engine: Engine) -> dict[str, list[object]]:
 def _listed_keys(plan: QueryPlan, engine: Engine) -> list[tuple[str, str, str, tuple[object, ...]]]:
     """``(parameter, key column, element type, values)`` of each key filter bound as a list:
     a plain column key (its filter is on the key itself, so filtering its pairs keeps what
-    filtering its rows keeps), a long list of strings or of integers, an engine that binds
+    filtering its rows keeps), a list of strings or of integers, an engine that binds
     lists (DuckDB), and a query whose rows are filtered at all (see :func:`_rows`)."""
     if not getattr(engine, "list_parameters", False) or (plan.unit_column is None and not plan.unit_is_row):
         return []
-    if not (plan.sample_groups or plan.selection is not None):
-        return []
+    if not (plan.sample_groups or plan.selection is not None) or not plan.measurements:
+        return []  # no filter at all, or no pass over the data (LIMIT 0, see bounded_query)
     out: list[tuple[str, str, str, tuple[object, ...]]] = []
     for i, key in enumerate(plan.group_keys):
         for column, values in key.filters:
@@ -142,18 +144,26 @@ def _listed_keys(plan: QueryPlan, engine: Engine) -> list[tuple[str, str, str, t
 _INTEGERS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT")
 
 
-def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None) -> exp.Select:
+def bounded_query(plan: QueryPlan, engine: Engine, salt: int | None = None,
+                  list_parameters: bool = False) -> exp.Select:
     """The SQL whose result is one row per group with every measurement's exact bounded sum.
 
     With ``salt=None`` the keyed hash takes the query parameter ``$salt2``: bind a fresh
     secret salt per run (:func:`salt_parameters`), so the SQL text can be reused.
     The tree is built once, node by node, and never copied (copies were most of a small
-    query's build cost)."""
+    query's build cost). ``list_parameters=True``: long lists of listed key values are bound
+    parameters (:func:`key_parameters`), as :func:`bounded_sql` writes them; otherwise
+    literal ``IN`` lists, keeping the same pairs, and the query needs no parameter but salts."""
     columns = layout(plan)
-    listed = _listed_keys(plan, engine)
+    listed = _listed_keys(plan, engine) if list_parameters else []
     rows = _rows(plan, engine, _row_projections(plan, engine, columns), bound={k for _, k, _, _ in listed})
     if plan.unit_column is None and not plan.unit_is_row:
         return _final(plan, columns, rows, per_row=True)
+    if not plan.measurements and plan.selection is None:
+        # only order statistics / UDFs over listed keys (or none): their values come from
+        # value_query and the groups are known without the data, so no pass over it
+        # (LIMIT 0: DuckDB plans the query, typing the keys, and reads nothing)
+        return _final(plan, columns, rows, per_row=True).limit(0, copy=False)
     pairs = _pairs(plan, columns, rows)
     if listed:  # listed values bound as lists: kept pairs only (before the group cap)
         pairs.set("having", exp.Having(this=exp.and_(*(_in_list(*k) for k in listed), copy=False)))
@@ -168,7 +178,7 @@ def bounded_sql(plan: QueryPlan, engine: Engine) -> str:
     The tree is fresh and thrown away, so it is written without the copy sqlglot's
     ``.sql()`` makes first (60% of writing it)."""
     generator = Dialect.get_or_raise(engine.dialect).generator()
-    return generator.generate(bounded_query(plan, engine), copy=False)
+    return generator.generate(bounded_query(plan, engine, list_parameters=True), copy=False)
 
 
 def _in_list(parameter: str, key: str, element: str, values: tuple[object, ...]) -> exp.Expression:

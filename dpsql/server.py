@@ -12,9 +12,14 @@ with :class:`~dpsql.auth.TokenVerifier` (one scrypt per token, then an in-memory
 digest; re-read when the auth file changes, so a revoked token fails at its next request)
 and refuses a wrong one before any handler runs. ``health`` also answers without a token.
 
+Cores. With ``--workers N`` (the CLI's default: one per core) queries run in N worker
+processes, each with its own engine and one deadline slot, sharing the ledger and the
+repeat store (:mod:`dpsql.workers`); this process keeps the fronts, the token checks, the
+rate limit, explain and budget.
+
 Side channels (DESIGN §7). Every answer that reads private data is released at a deadline
-computed from public facts, and queries that read data take turns on the engine, each for
-exactly its deadline (:mod:`dpsql.timing`); a run that overruns is interrupted and answered
+computed from public facts, and queries that read data take turns on the engine slots
+(one per worker), each for exactly its deadline (:mod:`dpsql.timing`); a run that overruns is interrupted and answered
 with the fixed, charged :class:`~dpsql.errors.QueryFailed`. Each analyst may send at most
 ``[server] queries_per_minute`` queries (:class:`RateLimiter`); a wrong token costs the same
 time whether or not its id exists (:mod:`dpsql.auth`).
@@ -340,6 +345,7 @@ class ServeOptions:
     report_auth: str | None = None  # reporting clients' tokens: turns the report action on
     report_batch: int = 100  # the shuffler's k
     report_rate: int = 600  # report requests per reporting token per minute
+    workers: int = 1  # worker processes answering queries (dpsql.workers); 1: in this process
 
 
 def serve(
@@ -371,7 +377,8 @@ def serve(
     if tls is None and not _is_loopback(options.host):
         log.warning("serving on %s without TLS: tokens and answers cross the network in clear text; "
                     "pass --tls-cert and --tls-key", options.host)
-    service = Service.open(options.database, options.policy, options.ledger, reports=options.reports)
+    service = Service.open(options.database, options.policy, options.ledger, reports=options.reports,
+                           workers=options.workers)
     collector = _collector(options, service) if reporters is not None else None
     try:
         location = (flight.Location.for_grpc_tls if tls else flight.Location.for_grpc_tcp)(options.host, options.port)

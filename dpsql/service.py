@@ -1,6 +1,7 @@
 """The service behind every server front (Flight, Postgres): one shared engine, policy and
 ledger, a connection per analyst, deadlines always on (:mod:`dpsql.timing`) and a
-per-analyst query rate limit."""
+per-analyst query rate limit. With ``workers`` > 1, queries run in a pool of worker
+processes (:mod:`dpsql.workers`), one deadline slot each; explain and budget stay here."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from dpsql.local.store import ReportStore
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.result import Result
-from dpsql.timing import Timing, TimingModel, calibrate, table_sizes, warm_up
+from dpsql.timing import Timing, TimingModel, available_cores, calibrate, contention, table_sizes, warm_up
 from dpsql.errors import Error
+from dpsql.workers import WorkerPool, WorkerSpec
 
 __all__ = ["RateLimiter", "Service", "server_timing"]
 
@@ -38,7 +40,7 @@ class Service:
     """
 
     def __init__(self, engine: DuckDBEngine, policy: Policy, ledger: Ledger, *, timing: Timing | None = None,
-                 reports: ReportStore | None = None) -> None:
+                 reports: ReportStore | None = None, pool: WorkerPool | None = None) -> None:
         self._engine = engine
         self._policy = policy
         self._ledger = ledger
@@ -53,25 +55,45 @@ class Service:
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.pool = pool
 
     @classmethod
     def open(cls, database: str | os.PathLike[str] | object | None, policy: str | os.PathLike[str],
              ledger: str | os.PathLike[str],
-             *, reports: str | os.PathLike[str] | None = None) -> Service:
+             *, reports: str | os.PathLike[str] | None = None, model: TimingModel | None = None,
+             workers: int = 1) -> Service:
         """Open the database hardened and read-only (or the policy's sources, or a Spark
         session: :func:`dpsql.datasources.open_engine`), check it against the policy, open the
-        ledger and, given ``reports``, the report store of the policy's local tables."""
+        ledger and, given ``reports``, the report store of the policy's local tables.
+
+        ``model``: the speed model to use instead of the policy's or a measurement (a worker
+        gets its server's). ``workers`` > 1: answer queries in that many worker processes
+        (:mod:`dpsql.workers`; ``database`` must then be a file path or ``None``)."""
         loaded = load_policy(policy)
+        if workers > 1 and not (database is None or isinstance(database, str | os.PathLike)):
+            raise Error("--workers above 1 needs a DuckDB file (--db) or the policy's sources: each worker "
+                        "opens its own engine. Use --workers 1 with --engine spark.")
         engine = open_engine(database, loaded)
         book: Ledger | None = None
         store: ReportStore | None = None
+        pool: WorkerPool | None = None
         try:
             check_against_schema(loaded, engine.schema())
-            timing = server_timing(loaded, engine)
+            timing = server_timing(loaded, engine, model, slots=workers)
             book = Ledger(ledger, accountant=loaded.accountant)  # as dpsql.connect does
             store = None if reports is None else ReportStore(reports)
-            return cls(engine, loaded, book, timing=timing, reports=store)
+            if workers > 1:
+                path = os.fspath(database) if isinstance(database, str | os.PathLike) else None
+                spec = WorkerSpec(path, os.fspath(policy), os.fspath(ledger),
+                                  None if reports is None else os.fspath(reports), timing.model,
+                                  logging.getLogger("dpsql.server").getEffectiveLevel())
+                pool = WorkerPool(spec, workers)
+                log.info("answering queries in %d worker processes (%d cores: contention %g)", workers,
+                         available_cores(), timing.model.contention)
+            return cls(engine, loaded, book, timing=timing, reports=store, pool=pool)
         except BaseException:
+            if pool is not None:
+                pool.close()
             if store is not None:
                 store.close()
             if book is not None:
@@ -104,6 +126,9 @@ class Service:
         (when it reads data) are released at their deadline (:mod:`dpsql.timing`); ``bias``
         asks for the bias estimates (:mod:`dpsql.release.bias`, inside the same deadline)."""
         self._rate.take(analyst)
+        if self.pool is not None:
+            self.connection(analyst)  # refuses once the server is stopping
+            return self.pool.execute(analyst, sql, epsilon, delta, bias=bias)
         return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias)
 
     def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None) -> Explanation:
@@ -119,6 +144,8 @@ class Service:
                 return
             self._closed = True
             connections = list(self._connections.values())
+        if self.pool is not None:
+            self.pool.close()
         for conn in connections:
             conn.close()  # also closes the shared engine, ledger and answers: all idempotent
         for shared in self._shared.values():
@@ -128,10 +155,16 @@ class Service:
         self._ledger.close()
 
 
-def server_timing(policy: Policy, engine: DuckDBEngine) -> Timing:
+def server_timing(policy: Policy, engine: DuckDBEngine, model: TimingModel | None = None, *,
+                  slots: int = 1) -> Timing:
     """The deadlines of a server (always on): this machine's speed measured on synthetic
-    data, the policy's slack or fixed deadline, the tables' public or coarsened sizes."""
+    data, the policy's slack or fixed deadline, the tables' public or coarsened sizes, and
+    the contention of ``slots`` runs side by side (:func:`dpsql.timing.contention`).
+    ``model`` given (a worker's, from its server): used as it is, after a warm-up."""
     limits = policy.server
+    if model is not None:
+        warm_up(Connection)
+        return Timing(model, table_sizes(policy, engine), engine.interrupt)
     if limits.deadline_ms is not None:
         model = TimingModel(0.0, 0.0, fixed=limits.deadline_ms / 1e3)
         warm_up(Connection)
@@ -141,6 +174,7 @@ def server_timing(policy: Policy, engine: DuckDBEngine) -> Timing:
         warm_up(Connection)
     else:  # measuring runs the pipeline, which warms it up too
         model = dataclasses.replace(calibrate(pipeline=Connection, engine=engine), slack=limits.deadline_slack)
+    model = dataclasses.replace(model, contention=contention(slots))
     log.info("deadlines: %s", model)
     return Timing(model, table_sizes(policy, engine), engine.interrupt)
 

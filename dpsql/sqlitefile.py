@@ -11,7 +11,11 @@ local reports (:mod:`dpsql.local.store`). Each opens its file the same way:
   fail with "database is locked" at once, without waiting on the busy timeout, when
   several processes create the same file together. Preparing must be idempotent;
 * write-ahead logging with ``synchronous = FULL`` (:func:`make_durable`), and every write
-  in ``BEGIN IMMEDIATE`` ... ``COMMIT`` (:func:`write_transaction`).
+  in ``BEGIN IMMEDIATE`` ... ``COMMIT`` (:func:`write_transaction`), optionally after taking
+  a *writer queue* (:func:`open_writer_queue`): an exclusive ``flock`` of ``<file>.lock``
+  that writers from several processes wait on, woken by the kernel the moment it is
+  released (or its holder dies), where SQLite's busy handler polls in sleeps of up to
+  100 ms. The SQLite transaction still decides; the queue only makes the wait short.
 
 Errors stay :class:`sqlite3.Error` here; each store words its own message (what the file
 is and what to do), with :func:`guarded` for the calls after opening.
@@ -32,8 +36,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import IO
 
-__all__ = ["BUSY_TIMEOUT_MS", "guarded", "is_busy", "make_durable", "open_database", "write_transaction"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: SQLite's busy handler alone queues the writers
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["BUSY_TIMEOUT_MS", "LOCK_SUFFIX", "guarded", "is_busy", "make_durable", "open_database",
+           "open_writer_queue", "write_transaction"]
+
+#: The writer queue's file, beside the database.
+LOCK_SUFFIX = ".lock"
 
 #: How long a writer waits for another process's write transaction, in milliseconds.
 BUSY_TIMEOUT_MS = 30_000
@@ -85,17 +99,36 @@ def make_durable(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA synchronous = FULL")
 
 
-@contextmanager
-def write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """Run the body in ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any exception."""
-    conn.execute("BEGIN IMMEDIATE")
+def open_writer_queue(path: str | None) -> IO[bytes] | None:
+    """``<path>.lock``, the writers' queue of :func:`write_transaction`; ``None`` for an
+    in-memory database, off POSIX, or where the file cannot be made (SQLite's own locking
+    then queues the writers alone). Close it with the database."""
+    if path is None or fcntl is None:
+        return None
     try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+        return open(path + LOCK_SUFFIX, "ab")  # noqa: SIM115 - the caller closes it
+    except OSError:
+        return None
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection, queue: IO[bytes] | None = None) -> Iterator[None]:
+    """Run the body in ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any exception.
+    With a ``queue`` (:func:`open_writer_queue`), wait on its flock first."""
+    if queue is not None and fcntl is not None:
+        fcntl.flock(queue.fileno(), fcntl.LOCK_EX)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        if queue is not None and fcntl is not None:
+            fcntl.flock(queue.fileno(), fcntl.LOCK_UN)
 
 
 @contextmanager

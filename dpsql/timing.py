@@ -22,9 +22,25 @@ The defence, after Haeberlen, Pierce and Narayan, "Differential Privacy Under Fi
    the analyst gets the fixed :class:`~dpsql.errors.QueryFailed` at the deadline. The
    query was charged before it read anything, so the overrun is a charged release whose
    only content is its outcome class.
-4. **One slot.** Queries that read private data run one at a time and each holds the
-   engine for exactly its deadline, so one query's run time cannot show in another's (the
-   queue ahead of a query is made of deadlines, which are public).
+4. **Slots.** A query that reads private data holds an engine slot for exactly its
+   deadline, so one query's run time cannot show in another's: the wait for a slot is
+   made of deadlines, which are public. One process has one slot; a server with
+   ``--workers N`` has N (one per worker process, :mod:`dpsql.workers`), so N fresh
+   queries run side by side and throughput scales with the cores.
+
+CPU contention (several slots). With N slots on C cores, the runs in the other slots
+share the CPU with this one, and how much CPU they use can depend on their private data
+(a guarded LIKE that only works on the target's row). The deadline must not depend on it,
+so the model assumes the worst case: every other slot busy for the whole of its deadline
+(no run outlives its deadline: it is interrupted there). A run then gets at least C/N of
+a core, and the model multiplies the measured single-run time by ``contention = max(1,
+N / C)`` (:attr:`TimingModel.contention`), before the slack. An overrun stays what it was:
+rare by construction, answered with the charged :class:`~dpsql.errors.QueryFailed` at the
+deadline, one bit whose probability is bounded by the slack covering the worst case. What
+this does not cover is load from outside the server (other programs on the machine): the
+slack is the only room for it, as with one slot. Throughput is then at most about
+``C / (slack * t)`` fresh queries a second for a run time ``t``: N slots buy cores, not a
+way around the slack.
 
 What the analyst then observes is a function of public facts, except: whether a run
 overran (a charged, one-bit outcome: choose the slack so that it does not happen for
@@ -62,7 +78,7 @@ from dpsql.errors import BudgetExceeded, QueryFailed, RateLimited
 from dpsql.policy import parse_policy
 from dpsql.privacy import Ledger
 
-__all__ = ["Timing", "TimingModel", "calibrate", "coarse_rows", "table_sizes", "warm_up"]
+__all__ = ["Timing", "TimingModel", "available_cores", "calibrate", "coarse_rows", "contention", "table_sizes", "warm_up"]
 
 log = logging.getLogger("dpsql")
 
@@ -84,7 +100,10 @@ class TimingModel:
         per_row: seconds per row of one bounded pass, on this machine.
         slack: how much slower than the model a run may be before it counts as an overrun.
         margin: seconds added to every deadline (scheduler jitter, a loaded machine).
-        fixed: a fixed deadline in seconds for every query instead of the model.
+        fixed: a fixed deadline in seconds for every query instead of the model (taken as
+            given: the owner sizes it for the server's slots).
+        contention: how many runs may share one core at worst (``max(1, slots / cores)``,
+            see "CPU contention" above); multiplies the measured time.
     """
 
     base: float
@@ -92,11 +111,31 @@ class TimingModel:
     slack: float = 3.0
     margin: float = 0.02
     fixed: float | None = None
+    contention: float = 1.0
 
     def seconds(self, rows: float, work: float) -> float:
         if self.fixed is not None:
             return self.fixed
-        return self.slack * (self.base + self.per_row * rows * work) + self.margin
+        return self.slack * self.contention * (self.base + self.per_row * rows * work) + self.margin
+
+
+def contention(slots: int, cores: int | None = None) -> float:
+    """The worst-case number of runs sharing one core: ``max(1, slots / cores)``.
+
+    >>> contention(1, 2), contention(2, 2), contention(8, 2)
+    (1.0, 1.0, 4.0)
+    """
+    if cores is None:
+        cores = available_cores()
+    return max(1.0, slots / max(1, cores))
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def coarse_rows(count: int) -> int:

@@ -18,15 +18,25 @@ every exact bounded aggregate independently of dpsql. Tables:
 
 ``stats_database(path, rows, seed)`` writes the same tables with each table's rows
 permuted, for order-independence tests.
+
+Also shared by many test files: ``demo_database(rows, units)``, the demo database
+(:func:`dpsql.demo.make_demo_database`) built once per size for the whole run (tests only
+read it: dpsql attaches it read-only); ``demo_db``, the 20,000-row one; and
+``make_policy``, a policy with the ``[privacy]``/``[budget]`` preamble written by
+:mod:`policy_builder`.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from dpsql.policy import Policy, parse_policy
+from policy_builder import make_policy as _make_policy
 
 from stats_tables import (  # noqa: F401 - re-exported for the fixtures below
     CLIP_BOUNDS,
@@ -153,3 +163,64 @@ def stats_policy_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stats_policy() -> Policy:
     """The policy parsed in memory; every analyst has a practically unlimited budget."""
     return parse_policy(STATS_POLICY, source="<stats policy>")
+
+
+# ---------------------------------------------------------------- a fast subset
+
+#: What ``pytest --fast`` leaves out (pyproject's markers say what each one is). Plain
+#: ``pytest`` (the README's command, what CI runs) still runs all of it.
+FAST_SKIPS = ("server", "multiprocess", "audit", "udf_timeout")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="skip the server, multi-process, audit and UDF-timeout tests (a developer's quick run)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--fast"):
+        return
+    kept, skipped = [], []
+    for item in items:
+        (skipped if any(item.get_closest_marker(m) for m in FAST_SKIPS) else kept).append(item)
+    if skipped:
+        config.hook.pytest_deselected(items=skipped)
+        items[:] = kept
+
+
+# ---------------------------------------------------------------- shared by many files
+
+#: In CI (``CI=true``, what .ci/run sets) hypothesis draws the same examples every run, so a
+#: red build is reproducible and never a lucky draw; locally it keeps exploring.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI", "").lower() == "true":
+    settings.load_profile("ci")
+
+
+@pytest.fixture(scope="session")
+def demo_database(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int], Path]:
+    """``demo_database(rows, units)``: the demo database of that size, built once per run."""
+    built: dict[tuple[int, int], Path] = {}
+
+    def build(rows: int, units: int) -> Path:
+        if (rows, units) not in built:
+            from dpsql.demo import make_demo_database  # noqa: PLC0415 - loads numpy and DuckDB
+
+            path = tmp_path_factory.mktemp(f"demo-{rows}x{units}") / "demo.duckdb"
+            make_demo_database(path, rows=rows, units=units)
+            built[(rows, units)] = path
+        return built[(rows, units)]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def demo_db(demo_database: Callable[[int, int], Path]) -> Path:
+    """The demo database most API tests read: 20,000 visits of 2,000 users."""
+    return demo_database(20_000, 2_000)
+
+
+@pytest.fixture(scope="session")
+def make_policy() -> Callable[..., Policy]:
+    """``make_policy(tables, max_epsilon=..., budget=(eps, delta), ...)``: see :mod:`policy_builder`."""
+    return _make_policy

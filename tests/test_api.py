@@ -10,17 +10,14 @@ import pyarrow as pa
 import pytest
 
 import dpsql
-from dpsql.demo import make_demo_database
 
 POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 SQL = "SELECT region, COUNT(*) AS n, AVG(income) AS avg_income FROM visits GROUP BY region"
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("api") / "demo.duckdb"
-    make_demo_database(path, rows=20_000, units=2_000)
-    return path
+def db(demo_db: Path) -> Path:
+    return demo_db  # built once for the run (conftest)
 
 
 def test_public_names_are_pinned() -> None:

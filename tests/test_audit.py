@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -28,21 +29,18 @@ from dpsql.audit import audit, cells, neighbour_database
 from dpsql.audit.command import register_demo_udfs
 from dpsql.audit.neighbour import AUDIT_KEY_PREFIX
 from dpsql.audit.stats import TOTAL, Event, clopper_pearson, lower_bound
-from dpsql.demo import make_demo_database
 from dpsql.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "demo.toml"
 SURE = 0.9999  # confidence of the pipeline audits below
 
-pytestmark = pytest.mark.attack  # the end-to-end audits of the attack battery (tests/attacks/README.md)
+pytestmark = [pytest.mark.attack, pytest.mark.audit]  # the end-to-end audits of the attack battery (tests/attacks/README.md)
 
 
 @pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("audit") / "demo.duckdb"
-    make_demo_database(path, rows=3000, units=300)
-    return path
+def demo_db(demo_database: Callable[[int, int], Path]) -> Path:
+    return demo_database(3_000, 300)  # built once for the run (conftest)
 
 
 def _laplace_outputs(rng: np.random.Generator, shift: float, scale: float, n: int) -> list[dict]:

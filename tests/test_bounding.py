@@ -18,14 +18,12 @@ import pytest
 
 import dpsql
 from dpsql.bounding import (
-    _smallest_cap,
     delta_guard,
     delta_limit,
     format_report,
-    format_suggestion,
-    suggest,
     table_report,
 )
+from dpsql.bounding_suggest import _smallest_cap, format_suggestion, suggest
 from dpsql.policy import parse_policy
 
 UNITS = 20_000

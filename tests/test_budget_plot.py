@@ -4,6 +4,7 @@ trade-off panel whose axes show a budget of epsilon 10."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,6 @@ import pytest
 import dpsql
 from dpsql.budget_plot import analyst_figure, owner_figure, spending
 from dpsql.cli import main
-from dpsql.demo import make_demo_database
 
 POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 
@@ -19,10 +19,9 @@ pytest.importorskip("matplotlib")
 
 
 @pytest.fixture(scope="module")
-def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ledger(tmp_path_factory: pytest.TempPathFactory, demo_database: Callable[[int, int], Path]) -> Path:
     where = tmp_path_factory.mktemp("budget_plot")
-    db = where / "demo.duckdb"
-    make_demo_database(db, rows=3_000, units=300)
+    db = demo_database(3_000, 300)  # built once for the run (conftest)
     path = where / "budget.sqlite"
     work = [("alice", 0.2, 0.0), ("alice", 0.5, 1e-7), ("bob", 1.0, 0.0), ("alice", 0.3, 0.0)]
     for i, (analyst, epsilon, delta) in enumerate(work):

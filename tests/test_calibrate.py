@@ -12,14 +12,10 @@ from dpsql.analyze.calibrate import GROUP_BITS, NOISE_BITS, ROW_BITS, Measuremen
 from dpsql.noise import DiscreteGaussian, DiscreteLaplace, gdp_mu
 from dpsql.policy import parse_policy
 
+from policy_builder import policy_text
+
 POLICY = parse_policy(
-    """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-5
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 100.0, delta = 1e-4 }
+    policy_text(max_delta=1e-5, budget=(100.0, 1e-4), tables="""
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 3
@@ -33,7 +29,7 @@ max_groups_per_unit = 1
 max_rows_per_unit = 1
 [tables.r.columns]
 x = { bounds = [0, 1] }
-"""
+""")
 )
 SCHEMA = {"t": {"u": "BIGINT", "g2": "VARCHAR", "g5": "INTEGER", "x": "DOUBLE"}, "r": {"x": "DOUBLE"}}
 

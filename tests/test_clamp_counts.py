@@ -13,13 +13,9 @@ import pytest
 import dpsql
 from dpsql.policy import parse_policy
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-6
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1e6, delta = 0.5 }
+from policy_builder import policy_text
+
+POLICY = policy_text(tables="""
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 1
@@ -28,7 +24,7 @@ max_rows_per_unit = 1
 g = { public_values = ["full", "empty"] }
 x = { bounds = [0, 10] }
 y = { bounds = [-10, 10] }
-"""
+""")
 SQL = ("SELECT g, COUNT(*) AS n, SUM(x) AS sx, SUM(y) AS sy, COUNT(*) - 1000 AS shifted "
        "FROM t GROUP BY g")
 

@@ -11,7 +11,6 @@ import pytest
 
 from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.cli import main
-from dpsql.demo import make_demo_database
 from dpsql.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,10 +19,8 @@ BY_REGION = "SELECT region, COUNT(*) AS n, AVG(income) AS avg_income FROM visits
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cli") / "demo.duckdb"
-    make_demo_database(path, rows=20000, units=2000)
-    return path
+def db(demo_db: Path) -> Path:
+    return demo_db  # built once for the run (conftest)
 
 
 def query(db: Path, ledger: Path | None, sql: str, *options: str, policy: Path = POLICY) -> int:

@@ -35,20 +35,14 @@ from dpsql.policy import parse_policy
 from dpsql.release import noisy_table
 from dpsql.rewrite import bounded_query
 
+from policy_builder import policy_text
+
 RUNS = 2000
 GROUPS = 20
 LOW, HIGH = 0.93, 0.97
 KEYS = [f"g{i:02d}" for i in range(GROUPS)]
 
-POLICY = f"""
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-3
-default_epsilon = 1.0
-
-[budget]
-default = {{ epsilon = 1e9, delta = 0.5 }}
-
+POLICY = policy_text(max_delta=1e-3, budget=(1e9, 0.5), tables=f"""
 [tables.big]
 privacy_unit = "uid"
 max_groups_per_unit = 1
@@ -64,7 +58,7 @@ max_rows_per_unit = 1
 [tables.small.columns]
 g = {{ public_values = {KEYS!r} }}
 x = {{ bounds = [0, 100] }}
-""".replace("'", '"')
+""".replace("'", '"'))
 
 
 def rows(counts: list[int], rng: np.random.Generator) -> pa.Table:

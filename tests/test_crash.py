@@ -18,17 +18,17 @@ import os
 import signal
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import dpsql
-from dpsql.repeats import ANSWERS_SUFFIX
-from dpsql.demo import make_demo_database
 from dpsql.policy import load_policy
+from dpsql.repeats import ANSWERS_SUFFIX
 
-pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL"), pytest.mark.attack]
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL"), pytest.mark.attack, pytest.mark.multiprocess]
 
 POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 SQL = "SELECT region, COUNT(*) AS n, AVG(age) AS a FROM visits GROUP BY region"
@@ -61,10 +61,10 @@ def _after(cls: Any, name: str) -> None:
 
 
 def arm(point: str | None) -> None:
-    from dpsql.privacy import Ledger
-    from dpsql.repeats import RepeatCache
     from dpsql.engine import DuckDBEngine
     from dpsql.postprocess import Postprocessor
+    from dpsql.privacy import Ledger
+    from dpsql.repeats import RepeatCache
 
     if point == "engine":
         DuckDBEngine.run = _die  # type: ignore[method-assign]
@@ -103,10 +103,8 @@ def ask_twice(db: str, jobs: list[tuple[str, str]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("crash") / "demo.duckdb"
-    make_demo_database(path, rows=5_000, units=500)
-    return path
+def db(demo_database: Callable[[int, int], Path]) -> Path:
+    return demo_database(5_000, 500)  # built once for the run (conftest)
 
 
 def run_children(jobs: dict[str, tuple[Any, ...]], target: Any = ask) -> dict[str, int]:

@@ -17,7 +17,7 @@ import pytest
 
 import dpsql
 from dpsql import dbapi
-from dpsql.demo import REGIONS, make_demo_database
+from dpsql.demo import REGIONS
 from dpsql.params import BadParameter
 from dpsql.policy import parse_policy
 
@@ -26,10 +26,8 @@ BY_REGION = "SELECT region, COUNT(*) AS n, AVG(income) AS avg_income FROM visits
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("dbapi") / "demo.duckdb"
-    make_demo_database(path, rows=20_000, units=2_000)
-    return path
+def db(demo_db: Path) -> Path:
+    return demo_db  # built once for the run (conftest)
 
 
 @pytest.fixture()

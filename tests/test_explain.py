@@ -11,7 +11,6 @@ import pytest
 import dpsql
 from dpsql.privacy import Ledger
 from dpsql.connection import Connection
-from dpsql.demo import make_demo_database
 from dpsql.engine import DuckDBEngine
 from dpsql.explain import Explanation
 from dpsql.policy import load_policy
@@ -21,10 +20,8 @@ SQL = "SELECT region, COUNT(*) AS n, SUM(visits) AS v, AVG(age) AS mean_age FROM
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("explain") / "demo.duckdb"
-    make_demo_database(path, rows=20_000, units=2_000)
-    return path
+def db(demo_db: Path) -> Path:
+    return demo_db  # built once for the run (conftest)
 
 
 class NoDataEngine:

@@ -15,13 +15,9 @@ from dpsql.noise import SeededRandom
 from dpsql.policy import parse_policy
 from dpsql.rewrite import bounded_query
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 100000.0
-max_delta_per_query = 0.4
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 5e6, delta = 0.99 }
+from policy_builder import policy_text
+
+POLICY = policy_text(max_epsilon=100000.0, max_delta=0.4, budget=(5e6, 0.99), tables="""
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 4
@@ -30,7 +26,7 @@ max_rows_per_unit = 2
 city = { access = "group" }
 region = { public_values = ["n", "s"] }
 x = { bounds = [0, 10] }
-"""
+""")
 
 SINGLETONS = 200_000  # groups held by one unit each
 BIG = 5_000  # units in the one big group

@@ -15,14 +15,10 @@ import pytest
 import dpsql
 from dpsql.policy import parse_policy
 
+from policy_builder import policy_text
+
 PEOPLE = 3000
-POLICY = """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-6
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1e6, delta = 0.5 }
+POLICY = policy_text(tables="""
 [tables.customers]
 privacy_unit = "cid"
 max_groups_per_unit = 1
@@ -36,7 +32,7 @@ max_rows_per_unit = 8
 [tables.orders.columns]
 amount = { bounds = [0, 100] }
 month = { public_values = [1, 2, 3] }
-"""
+""")
 JOIN = "FROM customers c JOIN orders o ON c.cid = o.cid"
 
 

@@ -10,13 +10,9 @@ import dpsql
 from dpsql.policy import parse_policy
 from dpsql.rewrite import bounded_query
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 100000.0
-max_delta_per_query = 1e-5
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 5e6, delta = 0.5 }
+from policy_builder import policy_text
+
+POLICY = policy_text(max_epsilon=100000.0, max_delta=1e-5, budget=(5e6, 0.5), tables="""
 [tables.visits]
 privacy_unit = "user_id"
 max_groups_per_unit = 3
@@ -37,7 +33,7 @@ max_rows_per_unit = 1
 region = { access = "filter" }
 [tables.regions]
 public = true
-"""
+""")
 
 VISITS = [(1, "north", 10.0), (1, "north", 20.0), (2, "south", 30.0), (3, "east", 40.0), (3, "nowhere", 50.0)]
 ORDERS = [(1, 5.0), (1, 7.0), (1, 9.0), (2, 1.0)]

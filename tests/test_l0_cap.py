@@ -11,20 +11,16 @@ import dpsql
 from dpsql import rewrite
 from dpsql.policy import parse_policy
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 100.0
-max_delta_per_query = 1e-3
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1000.0, delta = 0.5 }
+from policy_builder import policy_text
+
+POLICY = policy_text(max_epsilon=100.0, max_delta=1e-3, budget=(1000.0, 0.5), tables="""
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 2
 max_rows_per_unit = 1
 [tables.t.columns]
 g = { public_values = ["a", "b", "c", "d"] }
-"""
+""")
 
 
 @pytest.fixture

@@ -4,12 +4,12 @@ instead of RecursionError, and "did you mean" over allowed names only."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import dpsql
-from dpsql.demo import make_demo_database
 from dpsql.diagnose import (
     MAX_PAREN_DEPTH,
     MAX_TREE_DEPTH,
@@ -90,9 +90,8 @@ POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 
 
 @pytest.fixture(scope="module")
-def conn(tmp_path_factory: pytest.TempPathFactory) -> dpsql.Connection:
-    db = tmp_path_factory.mktemp("messages") / "demo.duckdb"
-    make_demo_database(db, rows=2_000, units=200)
+def conn(demo_database: Callable[[int, int], Path]) -> dpsql.Connection:
+    db = demo_database(2_000, 200)  # built once for the run (conftest)
     with dpsql.connect(db, policy=POLICY, analyst="alice") as connection:
         yield connection
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -12,7 +13,6 @@ import pytest
 
 import dpsql
 from dpsql.cli import main
-from dpsql.demo import make_demo_database
 
 ROOT = Path(__file__).parents[1]
 POLICY = ROOT / "policies" / "demo.toml"
@@ -20,10 +20,8 @@ HEAVY = ("scipy", "matplotlib", "dp_accounting", "pyarrow", "duckdb", "sqlglot",
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("newcomer") / "demo.duckdb"
-    make_demo_database(path, rows=3_000, units=300)
-    return path
+def db(demo_database: Callable[[int, int], Path]) -> Path:
+    return demo_database(3_000, 300)  # built once for the run (conftest)
 
 
 def _loaded_after(code: str) -> list[str]:

@@ -4,21 +4,20 @@ with the precision their noise allows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import dpsql
-from dpsql.demo import make_demo_database
 
 POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 SQL = "SELECT region, COUNT(*) AS n, AVG(income) AS avg_income FROM visits GROUP BY region"
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory) -> dpsql.Result:
-    db = tmp_path_factory.mktemp("notebook") / "demo.duckdb"
-    make_demo_database(db, rows=5_000, units=500)
+def result(demo_database: Callable[[int, int], Path]) -> dpsql.Result:
+    db = demo_database(5_000, 500)  # built once for the run (conftest)
     with dpsql.connect(db, policy=POLICY, analyst="alice") as conn:
         return conn.execute(SQL, epsilon=0.5)
 

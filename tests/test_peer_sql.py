@@ -26,18 +26,12 @@ import pytest
 
 import dpsql
 
+from policy_builder import policy_text
+
 N = 400
 UNITS = 400
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-3
-default_epsilon = 1.0
-
-[budget]
-default = { epsilon = 1e9, delta = 0.5 }
-
+POLICY = policy_text(max_delta=1e-3, budget=(1e9, 0.5), tables="""
 [tables.t]
 privacy_unit = "uid"
 max_groups_per_unit = 1
@@ -70,7 +64,7 @@ max_rows_per_unit = 10
 [tables.items.columns]
 order_id = { access = "filter" }
 qty = { bounds = [0, 10] }
-"""
+""")
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,16 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is in the test extra: pip install -e '.[test]'")
 
 from dpsql.auth import revoke_token  # noqa: E402
-from dpsql.demo import make_demo_database  # noqa: E402
 from pgwire_helpers import PgServerProcess, small_budget_policy, token_for  # noqa: E402
+
+pytestmark = pytest.mark.server
 
 BY_REGION = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
 PSQL = shutil.which("psql")
@@ -29,13 +31,12 @@ needs_psql = pytest.mark.skipif(PSQL is None, reason="psql is not installed (apt
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PgServerProcess, dict[str, str]]]:
+def server(tmp_path_factory: pytest.TempPathFactory, demo_db: Path) -> Iterator[tuple[PgServerProcess, dict[str, str]]]:
     home = tmp_path_factory.mktemp("pgwire")
-    make_demo_database(home / "demo.duckdb", rows=20_000, units=2_000)
     auth = home / "auth.toml"
     tokens = {name: token_for(auth, name) for name in ("alice", "carol", "dave")}
     revoke_token(auth, "dave")
-    process = PgServerProcess(home / "demo.duckdb", small_budget_policy(home / "policy.toml"),
+    process = PgServerProcess(demo_db, small_budget_policy(home / "policy.toml"),
                               home / "ledger.sqlite", auth, home / "server.log")
     try:
         yield process, tokens

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,11 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 import dpsql
-from dpsql.privacy import BasicAccountant, Charge, Ledger
 from dpsql.analyze.calibrate import MeasurementSpec, calibrate
 from dpsql.cli import main
-from dpsql.demo import make_demo_database
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.noise import gdp_delta, gdp_mu
+from dpsql.privacy import BasicAccountant, Charge, Ledger
 from dpsql.privacy.pld import (
     PLDAccountant,
     PrivacyEvent,
@@ -29,7 +29,12 @@ from dpsql.privacy.pld import (
     privacy_events,
     rr_epsilon,
 )
-from dpsql.privacy.tradeoff import spent_tradeoff, tradeoff_eps_delta, tradeoff_gdp, tradeoff_pld
+from dpsql.privacy.tradeoff import (
+    spent_tradeoff,
+    tradeoff_eps_delta,
+    tradeoff_gdp,
+    tradeoff_pld,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_POLICY = ROOT / "policies" / "demo.toml"
@@ -326,10 +331,8 @@ def pld_policy(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("pld") / "demo.duckdb"
-    make_demo_database(path, rows=2000, units=200)
-    return path
+def demo_db(demo_database: Callable[[int, int], Path]) -> Path:
+    return demo_database(2_000, 200)  # built once for the run (conftest)
 
 
 def test_connect_uses_the_accountant_the_policy_names(demo_db: Path, tmp_path: Path) -> None:

@@ -9,15 +9,11 @@ import pytest
 import dpsql
 from dpsql.policy import parse_policy
 
+from policy_builder import policy_text
+
 # A huge epsilon makes the noise tiny (std ~ 1e-3 of a count) so results are predictable.
 POLICY = parse_policy(
-    """
-[privacy]
-max_epsilon_per_query = 100000.0
-max_delta_per_query = 1e-5
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1e9, delta = 0.5 }
+    policy_text(max_epsilon=100000.0, max_delta=1e-5, budget=(1e9, 0.5), tables="""
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 1
@@ -25,7 +21,7 @@ max_rows_per_unit = 100
 [tables.t.columns]
 g = { public_values = ["a", "b", "c", "d"] }
 x = { bounds = [0, 10] }
-"""
+""")
 )
 
 # group a: 30 rows of x=1, b: 20 rows of x=5, c: 10 rows of x=9, d: none

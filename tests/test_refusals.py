@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 import pytest
 
 import dpsql
-from dpsql.demo import make_demo_database
 
 POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("refusals") / "demo.duckdb"
-    make_demo_database(path, rows=5000, units=500)
-    return path
+def db(demo_database: Callable[[int, int], Path]) -> Path:
+    return demo_database(5_000, 500)  # built once for the run (conftest)
 
 
 @pytest.fixture()

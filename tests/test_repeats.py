@@ -19,17 +19,9 @@ from dpsql.repeats import ANSWERS_SUFFIX, REPEAT_NOTE, normalise_sql
 from dpsql.engine import DuckDBEngine
 from dpsql.policy import Policy, parse_policy
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 1.0
-max_delta_per_query = 1e-6
-default_epsilon = 0.5
+from policy_builder import policy_text
 
-[budget]
-default = { epsilon = 100.0, delta = 1e-3 }
-[budget.analysts]
-carol = { epsilon = 0.5, delta = 0.0 }
-
+POLICY = policy_text(max_epsilon=1.0, default_epsilon=0.5, budget=(100.0, 1e-3), analysts={"carol": (0.5, 0.0)}, tables="""
 [tables.t]
 privacy_unit = "uid"
 max_groups_per_unit = 1
@@ -44,7 +36,7 @@ max_groups_per_unit = 1
 max_rows_per_unit = 1
 [tables.u.columns]
 y = { bounds = [0, 1] }
-"""
+""")
 SQL = "SELECT g, COUNT(*) AS n, AVG(x) AS m FROM t GROUP BY g"
 
 
@@ -249,6 +241,7 @@ def ask_in_process(db: str, ledger: str, barrier: Any, results: Any) -> None:
 
 
 @pytest.mark.attack
+@pytest.mark.multiprocess
 def test_processes_asking_the_same_new_query_pay_once_and_agree(db_file: Path, tmp_path: Path) -> None:
     ledger = str(tmp_path / "budget.sqlite")
     ctx = multiprocessing.get_context("spawn")

@@ -20,15 +20,11 @@ import dpsql
 from dpsql.policy import parse_policy
 from dpsql.rewrite import bounded_query
 
+from policy_builder import policy_text
+
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite.sql"
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-5
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1000.0, delta = 0.1 }
+POLICY = policy_text(max_delta=1e-5, budget=(1000.0, 0.1), tables="""
 [tables.visits]
 privacy_unit = "user_id"
 max_groups_per_unit = 2
@@ -44,7 +40,7 @@ max_rows_per_unit = 1
 [tables.events.columns]
 kind = { public_values = ["a", "b"] }
 amount = { bounds = [-5, 5] }
-"""
+""")
 
 # (user_id, region, income, age, zip): unit 1 exceeds the row cap with identical values, so
 # any choice of kept rows gives the same sums; unit 2 has NULL, NaN and +-inf incomes.

@@ -159,7 +159,7 @@ def test_a_unit_at_the_bounds_moves_a_derived_centred_sum_by_at_most_its_sensiti
 def test_bounded_sql_is_the_tree_written_without_a_copy(conn) -> None:
     for sql in QUERIES:
         plan = conn.plan(sql, epsilon=1.0)
-        tree = bounded_query(plan, conn._engine)
+        tree = bounded_query(plan, conn._engine, list_parameters=True)
         assert bounded_sql(plan, conn._engine) == tree.sql(dialect=conn._engine.dialect)
 
 
@@ -177,7 +177,7 @@ def test_value_query_drops_the_group_window_only_where_it_cannot_bind(conn) -> N
 
 
 def test_long_key_lists_are_one_bound_list_applied_to_the_pairs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """1,500 listed zips (more than LIST_PARAMETER): the bounded SQL binds them as one list
+    """1,500 listed zips: the bounded SQL binds them as one list
     and filters the (unit, zip) pairs; it keeps exactly what the literal IN list over the rows
     keeps (the filter is on the key alone), and a connection answers through it."""
     zips = [f"{i:05d}" for i in range(1500)]
@@ -196,12 +196,24 @@ def test_long_key_lists_are_one_bound_list_applied_to_the_pairs(tmp_path, monkey
         assert list(params.values()) == [zips]
         text = bounded_sql(plan, zconn._engine)
         assert "'01499'" not in text and f"${next(iter(params))}" in text and len(text) < 5000
-        bound = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3), params).to_pylist()
+        bound = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3, list_parameters=True), params).to_pylist()
+        literal = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3)).to_pylist()  # IN lists
         monkeypatch.setattr(rewrite, "LIST_PARAMETER", 10**9)
         assert rewrite.key_parameters(plan, zconn._engine) == {}
-        literal = zconn._engine.run(bounded_query(plan, zconn._engine, salt=3)).to_pylist()
         monkeypatch.undo()
         assert sorted(bound, key=repr) == sorted(literal, key=repr)
         assert {r["__g0"] for r in bound} <= set(zips) and len(bound) > 50  # 50 units, 2 groups each
         answer = zconn.execute("SELECT k, COUNT(*) FROM t GROUP BY k", epsilon=1.0).fetchall()
         assert sorted(k for k, _ in answer) == zips  # every listed key, none other
+
+
+def test_order_statistics_alone_over_listed_keys_read_no_data_in_the_bounded_query(conn) -> None:
+    """MEDIAN by a listed key: the values come from value_query; the bounded query only types
+    the keys (LIMIT 0) and the answer still has every listed group."""
+    plan = conn.plan("SELECT g, MEDIAN(x) FROM t GROUP BY g", epsilon=1.0, delta=1e-6)
+    assert not plan.measurements and plan.selection is None
+    text = bounded_sql(plan, conn._engine)
+    assert text.endswith("LIMIT 0") and conn._engine.run(text).num_rows == 0
+    assert sorted(g for g, _ in conn.execute("SELECT g, MEDIAN(x) FROM t GROUP BY g", epsilon=1.0, delta=1e-6).fetchall()) == ["a", "b"]
+    private = conn.plan("SELECT k, MEDIAN(x) FROM t GROUP BY k", epsilon=1.0, delta=1e-6)
+    assert not bounded_sql(private, conn._engine).endswith("LIMIT 0")  # its groups need the data

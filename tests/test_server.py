@@ -25,7 +25,8 @@ import pytest
 
 import dpsql
 from dpsql.auth import create_token, revoke_token
-from dpsql.demo import make_demo_database
+
+pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "demo.toml"
@@ -90,10 +91,8 @@ class ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("server-db") / "demo.duckdb"
-    make_demo_database(path, rows=20_000, units=2_000)
-    return path
+def db(demo_db: Path) -> Path:
+    return demo_db  # built once for the run (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +286,7 @@ RACER = textwrap.dedent("""
 
 
 @pytest.mark.attack
+@pytest.mark.multiprocess
 def test_eight_client_processes_get_exactly_the_budget(
     server: ServerProcess, tokens: dict[str, str], tmp_path: Path
 ) -> None:

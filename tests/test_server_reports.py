@@ -27,6 +27,8 @@ import dpsql  # noqa: E402
 from dpsql.local import RemoteReporter, Reporter, ReportError, Reports  # noqa: E402
 from report_helpers import OS, ReportServer, Setup, make_setup  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 K = 100
 Z = 4.4  # P(|N(0,1)| > 4.4) = 1.08e-5
 Z95 = 1.959963984540054

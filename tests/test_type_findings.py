@@ -10,15 +10,9 @@ import pytest
 
 import dpsql
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-6
-default_epsilon = 1.0
+from policy_builder import policy_text
 
-[budget]
-default = { epsilon = 100.0, delta = 1e-3 }
-
+POLICY = policy_text(budget=(100.0, 1e-3), tables="""
 [tables.t]
 privacy_unit = "uid"
 max_groups_per_unit = 1
@@ -28,7 +22,7 @@ g = { public_values = ["a", "b"] }
 
 [tables.p]
 public = true
-"""
+""")
 
 
 @pytest.fixture()

@@ -155,6 +155,7 @@ def test_faulty_blocks_get_the_default(isolation: str) -> None:
 
 
 @pytest.mark.attack
+@pytest.mark.udf_timeout
 def test_crash_and_timeout_cost_one_block_each() -> None:
     def hostile(block: np.ndarray) -> float:
         if block[0] == 2:
@@ -174,6 +175,7 @@ def test_crash_and_timeout_cost_one_block_each() -> None:
 
 
 @pytest.mark.attack
+@pytest.mark.udf_timeout
 def test_slow_block_inline_gets_the_default_too() -> None:
     values, ids = blocks_of(3)
     out = evaluate_blocks(lambda b: time.sleep(0.15) or 1.0 if b[0] == 1 else 1.0, values, ids, 3,
@@ -184,6 +186,7 @@ def test_slow_block_inline_gets_the_default_too() -> None:
 
 @pytest.mark.attack
 @pytest.mark.slow  # timing: run by hand on a quiet machine (pytest -m slow)
+@pytest.mark.udf_timeout
 def test_timing_does_not_depend_on_which_block_failed() -> None:
     """A block that sleeps past the limit costs the same at the start and at the end."""
     k, limit = 12, 0.2
@@ -208,6 +211,7 @@ def test_timing_does_not_depend_on_which_block_failed() -> None:
     assert max(first, last, middle) - min(first, last, middle) < 0.1
 
 
+@pytest.mark.udf_timeout
 def test_pad_time_makes_the_duration_constant() -> None:
     values, ids = blocks_of(5)
     out = evaluate_blocks(lambda b: 1.0, values, ids, 5, default=0.0, time_limit=0.04, pad_time=True)

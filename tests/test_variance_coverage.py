@@ -20,20 +20,16 @@ import pytest
 import dpsql
 from dpsql.policy import parse_policy
 
-POLICY = """
-[privacy]
-max_epsilon_per_query = 10.0
-max_delta_per_query = 1e-6
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1e9, delta = 0.5 }
+from policy_builder import policy_text
+
+POLICY = policy_text(budget=(1e9, 0.5), tables="""
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 1
 max_rows_per_unit = 1
 [tables.t.columns]
 x = { bounds = [0, 100] }
-"""
+""")
 STATISTICS = ("VAR_POP", "STDDEV_POP", "VAR_SAMP", "STDDEV_SAMP")
 
 

@@ -140,8 +140,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from dpsql.server import ServeOptions, configure_logging, serve
 
     configure_logging()
+    database = _serve_database(args)
+    workers = args.workers
+    if workers is None:  # one per core, where each worker can open its own engine
+        from dpsql.timing import available_cores  # noqa: PLC0415
+
+        workers = available_cores() if database is None or isinstance(database, str | os.PathLike) else 1
     options = ServeOptions(
-        database=_serve_database(args), policy=args.policy, ledger=args.ledger, auth=args.auth,
+        database=database, policy=args.policy, ledger=args.ledger, auth=args.auth, workers=workers,
         host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
         pg_port=args.pg_port, pg_host=args.pg_host, reports=args.reports, report_auth=args.report_auth,
         report_batch=args.report_batch, report_rate=args.report_rate,

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="reports of a column reach the store shuffled, K at a time (default 100)")
     serve.add_argument("--report-rate", type=positive_int, default=600, metavar="N",
                        help="report requests per reporting token per minute (default 600)")
+    serve.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                       help="worker processes answering queries, each with its own engine and deadline slot "
+                       "(default: one per core; 1: in the server process)")
     serve.set_defaults(command=run_serve)
     return parser
 

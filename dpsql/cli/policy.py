@@ -51,7 +51,7 @@ def run_policy_check(args: argparse.Namespace) -> int:
 
 def run_policy_suggest(args: argparse.Namespace) -> int:
     """``dpsql policy suggest``: caps and bounds as TOML, and what they keep (owner only)."""
-    from dpsql.bounding import run_suggest  # noqa: PLC0415
+    from dpsql.bounding_suggest import run_suggest  # noqa: PLC0415
 
     return run_suggest(args)
 

@@ -281,8 +281,8 @@ class Answering:
             incident = secrets.token_hex(4)
             log.error("pg session of %r failed with an unexpected %s (incident %s); stack:\n%s", self.user,
                       type(exc).__name__, incident, "".join(traceback.format_tb(exc.__traceback__)))
-            text = (f"the dpsql server failed unexpectedly (incident {incident}, logged on the server). "
-                    "This is probably a bug in dpsql: please report it.")
+            text = str(errors.InternalError(
+                f"the dpsql server failed unexpectedly (incident {incident}, logged on the server)"))
         first, _, rest = text.partition("\n")
         self._out.append(m.error_response(sqlstate, first, detail=rest.strip("\n") or None))
 

@@ -27,7 +27,7 @@ import dpsql
 
 from attack_helpers import connect, make_db, policy
 
-pytestmark = pytest.mark.attack
+pytestmark = [pytest.mark.attack, pytest.mark.multiprocess]
 
 TABLES = """
 [tables.t]

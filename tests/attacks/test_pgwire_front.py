@@ -10,7 +10,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,21 +19,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/pgwire_hel
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is in the test extra")
 
-from dpsql.demo import make_demo_database  # noqa: E402
 from dpsql.pgwire import statements  # noqa: E402
 from dpsql.pgwire.catalog import is_catalog_query  # noqa: E402
 from pgwire_helpers import DEMO_POLICY, PgServerProcess, token_for  # noqa: E402
 
-pytestmark = pytest.mark.attack
+pytestmark = [pytest.mark.attack, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PgServerProcess, str]]:
+def server(tmp_path_factory: pytest.TempPathFactory,
+           demo_database: Callable[[int, int], Path]) -> Iterator[tuple[PgServerProcess, str]]:
     home = tmp_path_factory.mktemp("pgwire-attack")
-    make_demo_database(home / "demo.duckdb", rows=2_000, units=200)
     auth = home / "auth.toml"
     token = token_for(auth, "mallory")
-    process = PgServerProcess(home / "demo.duckdb", DEMO_POLICY, home / "ledger.sqlite", auth, home / "server.log")
+    process = PgServerProcess(demo_database(2_000, 200), DEMO_POLICY, home / "ledger.sqlite", auth, home / "server.log")
     try:
         yield process, token
     finally:

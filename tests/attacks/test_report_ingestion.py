@@ -25,7 +25,7 @@ from dpsql.local import ReportError, Reporter, Reports  # noqa: E402
 from dpsql.local.codec import MAX_BODY_BYTES  # noqa: E402
 from report_helpers import ReportServer, Setup, make_setup  # noqa: E402
 
-pytestmark = pytest.mark.attack
+pytestmark = [pytest.mark.attack, pytest.mark.server]
 
 LOCAL_TABLES = ("telemetry", "survey", "apps", "cities")
 

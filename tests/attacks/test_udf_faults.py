@@ -23,7 +23,7 @@ import dpsql
 
 from attack_helpers import connect, make_db, policy
 
-pytestmark = pytest.mark.attack
+pytestmark = [pytest.mark.attack, pytest.mark.udf_timeout]
 
 POLICY = policy("""
 [tables.t]

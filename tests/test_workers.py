@@ -1,0 +1,132 @@
+"""The server's worker pool (dpsql.workers): fresh queries side by side, each still released
+at its deadline, errors carried as they are, the ledger exact, a dead worker replaced.
+
+The deadlines here are fixed (``[server] deadline_ms``) so that the timings asserted are
+set by the test, not by how loaded the machine is: a fixed deadline of D seconds means a
+fresh query is answered no sooner than D after its worker took it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import dpsql
+from dpsql.demo import make_demo_database
+from dpsql.service import Service
+from dpsql.timing import TimingModel, contention
+
+ROOT = Path(__file__).resolve().parents[1]
+DEADLINE = 0.8  # seconds: far above a small query's run time, even on a loaded machine
+
+
+def _policy(path: Path, deadline_ms: float) -> Path:
+    text = (ROOT / "policies" / "demo.toml").read_text()
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("default = {"):
+            line = "default = { epsilon = 1000.0, delta = 1e-5 }"
+        lines.append(line)
+        if line.strip() == "[server]":
+            lines.append(f"deadline_ms = {deadline_ms}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    home = tmp_path_factory.mktemp("workers")
+    db = home / "tiny.duckdb"
+    make_demo_database(db, rows=1000, units=100)
+    svc = Service.open(db, _policy(home / "policy.toml", 1e3 * DEADLINE), home / "ledger.sqlite", workers=2)
+    try:
+        yield svc
+    finally:
+        svc.close()
+
+
+def _timed(service: Service, analyst: str, sql: str) -> tuple[float, object]:
+    start = time.monotonic()
+    try:
+        value: object = service.execute(analyst, sql, 0.01, None)
+    except dpsql.Error as exc:
+        value = exc
+    return time.monotonic() - start, value
+
+
+def _side_by_side(service: Service, jobs: list[tuple[str, str]]) -> tuple[float, list[tuple[float, object]]]:
+    out: list[tuple[float, object]] = [(0.0, None)] * len(jobs)
+
+    def run(i: int) -> None:
+        out[i] = _timed(service, *jobs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return time.monotonic() - start, out
+
+
+def test_two_workers_answer_fresh_queries_side_by_side_each_at_its_deadline(service: Service) -> None:
+    assert service.pool is not None and service.pool.size == 2
+    elapsed, out = _side_by_side(service, [("w1", f"SELECT COUNT(*) AS n{i} FROM visits") for i in range(4)])
+    assert all(isinstance(r, dpsql.Result) and not r.cached for _, r in out), out
+    # Never before the deadline; two at a time: 4 queries take two deadlines, not four
+    # (one worker would need 4 x 0.8 = 3.2 s; the bound leaves 1.2 s for a loaded machine).
+    assert min(t for t, _ in out) >= DEADLINE
+    assert 2 * DEADLINE <= elapsed < 4 * DEADLINE - 0.4
+    assert service.budget("w1").queries == 4
+
+
+def test_refusals_come_back_as_they_are_and_at_once(service: Service) -> None:
+    took, err = _timed(service, "w2", "SELECT ssn FROM visits")
+    assert isinstance(err, dpsql.PolicyViolation) and "ssn" in str(err)
+    assert took < DEADLINE  # refused before any data was read: no deadline to hide
+    took, err = _timed(service, "w2", "SELEC COUNT(*) FROM visits")
+    assert isinstance(err, dpsql.QueryRejected)
+    assert service.budget("w2").queries == 0
+
+
+def test_the_same_new_query_in_two_workers_is_paid_once(service: Service) -> None:
+    sql = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+    _, out = _side_by_side(service, [("w3", sql), ("w3", sql)])
+    results = [r for _, r in out]
+    assert all(isinstance(r, dpsql.Result) for r in results), results
+    assert sorted(r.cached for r in results) == [False, True]  # type: ignore[union-attr]
+    assert results[0].fetchall() == results[1].fetchall()  # type: ignore[union-attr]
+    assert service.budget("w3").queries == 1
+
+
+def test_a_dead_worker_is_replaced_and_its_query_fails(service: Service) -> None:
+    assert service.pool is not None
+    victim = service.pool._idle.queue[0].process  # the next worker a query takes
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)
+    _, err = _timed(service, "w4", "SELECT COUNT(*) AS a FROM visits")
+    assert isinstance(err, dpsql.QueryFailed)
+    took, ok = _timed(service, "w4", "SELECT COUNT(*) AS b FROM visits")
+    assert isinstance(ok, dpsql.Result) and took >= DEADLINE
+    assert service.pool.size == 2 and all(w.process.is_alive() for w in service.pool._idle.queue)
+
+
+def test_contention_scales_the_deadline_with_slots_per_core() -> None:
+    model = TimingModel(base=0.01, per_row=1e-8, slack=3.0, margin=0.02)
+    crowded = TimingModel(base=0.01, per_row=1e-8, slack=3.0, margin=0.02, contention=contention(8, cores=2))
+    assert crowded.contention == 4.0
+    assert crowded.seconds(1e6, 1.0) - 0.02 == pytest.approx(4 * (model.seconds(1e6, 1.0) - 0.02))
+    assert contention(2, cores=2) == contention(1, cores=2) == 1.0
+
+
+def test_workers_above_one_need_an_engine_each_can_open(tmp_path: Path) -> None:
+    import duckdb
+
+    with pytest.raises(dpsql.Error, match="--workers"):
+        Service.open(duckdb.connect(), _policy(tmp_path / "p.toml", 100), tmp_path / "l.sqlite", workers=2)
