@@ -146,8 +146,8 @@ def exact_sums(node: exp.Expression) -> exp.Expression:
     interleaved, loaded machine): with two sums per unit and group (the bounded SQL before
     its shared sums) the halves took 15.2 s to 11.8 s, floor 9.1 s; with the one shared sum
     of today's bounded SQL they gain nothing (11.4-11.9 s against 10.9 s for one DECIMAL
-    sum, floor 10.1 s: within the noise, if anything slower). ``benchmarks/bench_spark.py
-    --variants`` times both; kept while the difference is unsettled."""
+    sum, floor 10.1 s, at load 22-31; at load 5-9: 10.5 s -> 9.8 s, floor 9.6 s).
+    ``benchmarks/bench_spark.py --variants`` times both."""
     if not _is_wide(node):
         return node
     inner = node.this
