@@ -18,6 +18,12 @@ DataFrame. Also measured: Spark's fixed start-up (``SparkSession`` creation to t
 answer) and its fixed per-query cost (the same query on 1,000 rows), and, with
 ``--salt-check``, the salt as a bound parameter against a literal.
 
+``--variants`` times instead the bounded query's Spark SQL as :mod:`dpsql.spark.translate`
+writes it against the same with one or both of its lean passes undone (``exact_round``:
+Spark's ROUND, which goes through BigDecimal; ``exact_sums``' halves: one DECIMAL(38,0)
+sum), and the floor, interleaved, each run's wall time and the JVM's CPU time (user +
+system, from /proc: much steadier than wall time on a shared machine).
+
     python benchmarks/bench_spark.py                         # Markdown on stdout
     python benchmarks/bench_spark.py --write                 # ... appended to benchmarks/RESULTS.md
     python benchmarks/bench_spark.py --rows 1000000 --units 20000 --repeat 3
@@ -165,6 +171,75 @@ def salt_check(session: object, policy: dpsql.Policy, runs: int) -> dict[str, fl
             "literal": statistics.median(literal() for _ in range(runs))}
 
 
+def translation_variants(session: object, parquet: Path, policy: dpsql.Policy, repeat: int) -> str:
+    """The bounded query's Spark SQL with and without the lean passes, and the floor:
+    median wall and JVM CPU seconds of ``repeat`` interleaved runs (after one warm-up),
+    each variant checked to return the same rows."""
+    import sqlglot.expressions as exp
+
+    from dpsql.rewrite import bounded_query
+    from dpsql.spark import SparkEngine
+    from dpsql.spark import translate as tr
+
+    frame = session.read.parquet(str(parquet))  # type: ignore[attr-defined]
+    frame.createOrReplaceTempView("visits")
+    engine = SparkEngine(session, tables={"visits": frame})  # type: ignore[arg-type]
+    conn = dpsql.Connection(engine, policy, "bench", dpsql.Ledger(None, accountant=policy.accountant), repeats=False)
+    tree = tr.parse_bounded(bounded_query(conn.plan(QUERY, epsilon=1.0), engine, salt=1).sql(dialect="duckdb"))
+
+    def decimal_sums(node: exp.Expression) -> exp.Expression:  # SUM(col) -> SUM(CAST(col ...)): no halves
+        if isinstance(node, exp.Sum) and isinstance(node.this, exp.Column) and isinstance(node.parent, exp.Cast):
+            return exp.Sum(this=exp.cast(node.this, "BIGINT"))
+        return node
+
+    without_round = tuple(r for r in tr.RULES if r is not tr.exact_round)
+    texts = {
+        "floor": FLOOR,
+        "before (ROUND, DECIMAL sums)": tr.to_spark(tree.transform(decimal_sums), without_round),
+        "exact_round only": tr.to_spark(tree.transform(decimal_sums)),
+        "halves only": tr.to_spark(tree, without_round),
+        "now (both)": tr.to_spark(tree),
+    }
+    sqls = {k: v if isinstance(v, str) else v.sql(dialect="spark") for k, v in texts.items()}
+    run = session.sql  # type: ignore[attr-defined]
+    answers = {k: sorted(map(tuple, run(q).collect())) for k, q in sqls.items() if k != "floor"}
+    assert len({repr(a) for a in answers.values()}) == 1, "a variant's rows differ"
+    jvm = _jvm_pid()
+    wall: dict[str, list[float]] = {k: [] for k in sqls}
+    cpu: dict[str, list[float]] = {k: [] for k in sqls}
+    for _ in range(repeat):
+        for name, sql in sqls.items():
+            before, start = _cpu_seconds(jvm), time.perf_counter()
+            run(sql).collect()
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(_cpu_seconds(jvm) - before)
+    floor_wall, floor_cpu = statistics.median(wall["floor"]), statistics.median(cpu["floor"])
+    lines = ["| Spark SQL | wall s | / floor | JVM CPU s | / floor |", "|---|---|---|---|---|"]
+    for name in sqls:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        lines.append(f"| {name} | {w:.2f} | {w / floor_wall:.2f} | {c:.2f} | {c / floor_cpu:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _jvm_pid() -> int:
+    """The Java child process of this one (the local Spark driver and executors)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == me and b"java" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    return int(entry)
+            except OSError:
+                continue
+    raise RuntimeError("no Java child process: --variants needs a local master")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def dpsql_salt() -> int:
     from dpsql.rewrite import new_salt
 
@@ -216,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--policy", type=Path, default=ROOT / "policies" / "demo.toml")
     parser.add_argument("--salt-check", action="store_true", help="also time the salt as a parameter vs a literal")
+    parser.add_argument("--variants", action="store_true",
+                        help="time the Spark SQL with and without its lean passes instead (wall and JVM CPU)")
     parser.add_argument("--write", action="store_true", help=f"also append the report to {RESULTS}")
     args = parser.parse_args(argv)
 
@@ -227,6 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     session = local_session(args.master or f"local[{args.cores}]")
     session.sql("SELECT 1").collect()
     startup = time.perf_counter() - start
+    if args.variants:
+        try:
+            print(os.popen("uptime").read().strip())
+            print(translation_variants(session, parquet, policy, args.repeat))
+            print(os.popen("uptime").read().strip())
+        finally:
+            session.stop()
+        return 0
     try:
         runners = {"duckdb": duckdb_runners(parquet, policy, args.epsilon, args.cores),
                    "spark": spark_runners(session, parquet, policy, args.epsilon)}

@@ -85,7 +85,7 @@ def connect(
         check_against_schema(loaded, engine.schema())
         timing = None
         if deadline is not False:
-            model = deadline if isinstance(deadline, TimingModel) else calibrate(pipeline=Connection)
+            model = deadline if isinstance(deadline, TimingModel) else calibrate(pipeline=Connection, engine=engine)
             timing = Timing(model, table_sizes(loaded, engine), engine.interrupt)
         book = ledger if isinstance(ledger, Ledger) else Ledger(ledger, accountant=loaded.accountant)
     except BaseException:

@@ -175,7 +175,7 @@ def server_timing(policy: Policy, engine: DuckDBEngine, model: TimingModel | Non
                             slack=limits.deadline_slack)
         warm_up(Connection)
     else:  # measuring runs the pipeline, which warms it up too
-        model = dataclasses.replace(calibrate(pipeline=Connection), slack=limits.deadline_slack)
+        model = dataclasses.replace(calibrate(pipeline=Connection, engine=engine), slack=limits.deadline_slack)
     model = dataclasses.replace(model, contention=contention(slots))
     log.info("deadlines: %s", model)
     return Timing(model, table_sizes(policy, engine), engine.interrupt)

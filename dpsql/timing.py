@@ -243,30 +243,30 @@ def _sleep_until(deadline: float) -> None:
 
 
 def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
-              pipeline: Callable[..., Any]) -> TimingModel:
+              pipeline: Callable[..., Any], engine: Any = None) -> TimingModel:
     """Measure this machine's speed on synthetic data (never the private data).
 
     ``pipeline`` is the :class:`~dpsql.connection.Connection` class whose path is timed
-    (passed in: the connection sits above this module and uses it).
+    (passed in: the connection sits above this module and uses it). ``engine``: the engine
+    the deadlines are for; its ``scratch(rows)`` gives an engine of the same kind over the
+    generated table (a Spark query costs a second where DuckDB's costs milliseconds);
+    ``None`` or an engine without it: DuckDB.
 
     Runs ``SELECT g, COUNT(*), AVG(x) FROM t GROUP BY g`` through the whole pipeline on two
     generated tables of ``rows`` rows and fits ``base + per_row * rows`` to the median of
     ``repeats`` runs of each (after one warm-up run), each rounded up to a 19% step. The
-    tails are the slack's job. Takes one to two seconds.
+    tails are the slack's job. Takes one to two seconds on DuckDB.
     """
-    from dpsql.hardened import scratch as scratch_duckdb
-
     policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
+    scratch = getattr(engine, "scratch", None) or _duckdb_scratch
     times = []
-    with tempfile.TemporaryDirectory(prefix="dpsql-calibration-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="dpsql-calibration-") as folder:
         for n in rows:
-            con = scratch_duckdb()
-            con.execute(f"CREATE TABLE t AS SELECT range // 4 AS u, 'g' || (range % 7) AS g, "
-                        f"(range * 7919 % 1000)::DOUBLE AS x FROM range({int(n)})")
+            synthetic = scratch(int(n))
             # A ledger file and an answers file, as the server has: their commits are part
             # of every new query's time.
-            ledger = Ledger(os.path.join(scratch, f"ledger{n}.sqlite"))
-            conn = pipeline(DuckDBEngine(con), policy, "calibration", ledger)
+            ledger = Ledger(os.path.join(folder, f"ledger{n}.sqlite"))
+            conn = pipeline(synthetic, policy, "calibration", ledger)
             try:
                 runs = []
                 for i in range(repeats + 1):  # the first run warms caches up and is not counted
@@ -278,10 +278,26 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
                 times.append(statistics.median(runs[1:] or runs))
             finally:
                 conn.close()
-                con.close()
+                synthetic.close()
     per_row = max(1e-9, (times[1] - times[0]) / (rows[1] - rows[0]))
     base = max(1e-3, times[0] - per_row * rows[0])
     return TimingModel(base=_quantized(base), per_row=_quantized(per_row))
+
+
+def _duckdb_scratch(rows: int) -> DuckDBEngine:
+    """A DuckDB engine over the calibration table ``t``: ``u`` (four rows each), ``g``
+    (seven groups), ``x`` in [0, 1000); closed with its connection."""
+    import duckdb
+
+    con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
+    con.execute(f"CREATE TABLE t AS SELECT range // 4 AS u, 'g' || (range % 7) AS g, "
+                f"(range * 7919 % 1000)::DOUBLE AS x FROM range({int(rows)})")
+    return _ScratchDuckDB(con)
+
+
+class _ScratchDuckDB(DuckDBEngine):
+    def close(self) -> None:
+        self._con.close()
 
 
 def warm_up(pipeline: Callable[..., Any]) -> None:

@@ -176,13 +176,36 @@ def _policy():
     return parse_policy(CONNECT_POLICY)
 
 
-@pytest.mark.parametrize("kind", ["parquet glob", "csv", "arrow", "pandas"])
+@pytest.mark.parametrize("kind", ["parquet glob", "csv", "arrow", "pandas", "polars"])
 def test_connect_with_tables(files: Path, kind: str) -> None:
+    if kind == "polars":
+        pytest.importorskip("polars", reason="polars is in the test extra: pip install -e '.[test]'")
     source = {"parquet glob": str(files / "visits_*.parquet"), "csv": str(files / "visits.csv"),
-              "arrow": VISITS, "pandas": VISITS.to_pandas()}[kind]
+              "arrow": VISITS, "pandas": VISITS.to_pandas(), "polars": "polars"}[kind]
+    if kind == "polars":
+        import polars as pl
+
+        source = pl.from_arrow(VISITS)
     with dpsql.connect(tables={"visits": source}, policy=_policy()) as conn:
         rows = conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region", epsilon=5.0).fetchall()
     assert sorted(r[0] for r in rows) == ["east", "north", "south"]
+
+
+@pytest.mark.parametrize("kind", ["arrow", "pandas", "polars"])
+def test_dataframe_rows_are_what_is_counted(kind: str) -> None:
+    """The frame's rows are the data read (not an empty or stale table): 1,000 units north and
+    200 south, one row each (cap 1); Laplace noise of scale 1/10 per count, so a count more
+    than 5 off has probability e^-50."""
+    table = pa.table({"user_id": list(range(1200)), "region": ["north"] * 1000 + ["south"] * 200,
+                      "income": [1.0] * 1200})
+    if kind == "polars":
+        pl = pytest.importorskip("polars", reason="polars is in the test extra: pip install -e '.[test]'")
+        frame: object = pl.from_arrow(table)
+    else:
+        frame = table if kind == "arrow" else table.to_pandas()
+    with dpsql.connect(tables={"visits": frame}, policy=_policy()) as conn:
+        rows = dict(conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region", epsilon=10.0).fetchall())
+    assert abs(rows["north"] - 1000) < 5 and abs(rows["south"] - 200) < 5 and abs(rows["east"]) < 5
 
 
 def test_a_parquet_file_as_the_database_is_a_clear_error(files: Path) -> None:

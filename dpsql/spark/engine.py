@@ -55,6 +55,9 @@ __all__ = ["SparkEngine", "duckdb_type"]
 #: message (DESIGN §7), so they are silenced once a Spark engine is created.
 _PYSPARK_QUERY_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
+#: Translations kept (bounded query text -> Spark SQL), oldest dropped first.
+_CACHED_TEXTS = 256
+
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json"}
 
 #: Spark's simple type names -> the names the analyzer reads (DuckDB's). Others pass upper-cased
@@ -118,6 +121,7 @@ class SparkEngine:
             for name, source in tables.items():
                 self._add_source(name, source)
         self._allowed = frozenset(table_key(ref) for ref in self._refs.values())
+        self._texts: dict[str, tuple[str, frozenset[str]]] = {}
         self._version = _version(self._files, data_version)
 
     # -- the tables ---------------------------------------------------------------------
@@ -211,11 +215,27 @@ class SparkEngine:
 
     def spark_sql(self, query: exp.Expression | str, params: Mapping[str, object] | None = None,
                   *, pretty: bool = False) -> str:
-        """The Spark SQL :meth:`run` would send (for ``explain`` and tests)."""
+        """The Spark SQL :meth:`run` would send (for ``explain`` and tests).
+
+        A text seen before is not translated again (the pipeline reuses a bounded query's
+        text, its salts left as parameters): parsing, the passes and writing cost tens of
+        milliseconds per query. Its parameters are still checked."""
+        cached = self._texts.get(query) if isinstance(query, str) and not pretty else None
+        if cached is not None:
+            sql, names = cached
+            missing = names.difference(params or {})
+            if missing:
+                raise InternalError(f"the bounded query's parameter {sorted(missing)[0]!r} has no value")
+            return sql
         tree = parse_bounded(query) if isinstance(query, str) else query
         translated = to_spark(tree)
         check_reachable(translated, self._allowed, params or {})
-        return translated.sql(dialect="spark", pretty=pretty)
+        sql = translated.sql(dialect="spark", pretty=pretty)
+        if isinstance(query, str) and not pretty:
+            if len(self._texts) >= _CACHED_TEXTS:
+                self._texts.pop(next(iter(self._texts)))
+            self._texts[query] = (sql, frozenset(p.name for p in translated.find_all(exp.Placeholder)))
+        return sql
 
     def prepare(self, query: exp.Expression) -> exp.Expression:
         """The tree itself: :meth:`run` translates it, no SQL text is parsed again."""
@@ -242,6 +262,14 @@ class SparkEngine:
             finally:
                 self._running.clear()
                 context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+    def scratch(self, rows: int) -> SparkEngine:
+        """An engine on the same session over the timing calibration's generated table
+        ``t`` (:func:`dpsql.timing.calibrate`: ``u`` four rows each, ``g`` seven groups, ``x``
+        in [0, 1000)), so that deadlines are measured on Spark, never on the private data."""
+        frame = self._session.range(int(rows)).selectExpr(
+            "id DIV 4 AS u", "concat('g', CAST(id % 7 AS STRING)) AS g", "CAST(id * 7919 % 1000 AS DOUBLE) AS x")
+        return SparkEngine(self._session, tables={"t": frame})
 
     def data_version(self) -> str:
         """A name for the data that is not read from it: the identity of the source files

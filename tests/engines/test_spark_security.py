@@ -66,6 +66,7 @@ def spark_visits(spark_session):
     secrets = spark_session.createDataFrame([(1, "hunter2")], "user_id BIGINT, secret STRING")
     secrets.createOrReplaceTempView("secrets")
     secrets.createOrReplaceGlobalTempView("secrets")
+    spark_session.udf.register("my_udf", lambda x: x, "double")  # registered in the session, yet unreachable
     engine = SparkEngine(spark_session, tables={"visits": visits})
     yield engine
     spark_session.catalog.dropTempView("secrets")

@@ -79,6 +79,59 @@ def test_sums_are_exact_past_two_to_the_63(spark) -> None:
     assert int(spark.sql(sql).collect()[0][0]) == 5 * 2**62
 
 
+def _edge_doubles() -> list[float]:
+    """Halves, their neighbours, both signs, past 2^52 and 2^53, and random values up to
+    2^41 with random fractions (a seeded generator: test data, not noise)."""
+    import numpy as np
+
+    values = [0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999999999999994, -0.49999999999999994,
+              2.0**40 + 0.5, -(2.0**40) - 0.5, 2.0**52 - 0.5, 2.0**52 + 1, 2.0**53, -(2.0**53) - 2, 2.0**62,
+              5e-324, -5e-324, 1e-300]
+    values += [math.nextafter(v, math.inf) for v in (0.5, -0.5, 2.5, -2.5)]
+    values += [math.nextafter(v, -math.inf) for v in (0.5, -0.5, 2.5, -2.5)]
+    rng = np.random.default_rng(18)
+    whole = rng.integers(-(2**41), 2**41, size=400).astype(float)
+    values += list(whole + 0.5) + list(whole + rng.random(400)) + list(rng.integers(-8, 8, 200) / 8)
+    return [float(v) for v in values]
+
+
+def test_rounding_without_bigdecimal_matches_duckdb(spark) -> None:
+    """``CAST(ROUND(x) AS BIGINT)`` (the fixed-point values) as Spark runs it after
+    :func:`~dpsql.spark.translate.exact_round` equals DuckDB's ``round``, value by value."""
+    import duckdb
+
+    values = _edge_doubles()
+    rows = ", ".join(f"({i}, '{v!r}')" for i, v in enumerate(values))
+    sql = (f"SELECT i, CAST(ROUND(CAST(s AS DOUBLE)) AS BIGINT) AS r FROM (VALUES {rows}) AS t(i, s) ORDER BY i")
+    expected = duckdb.sql(sql).fetchall()
+    translated = _translated(sql)
+    assert "ROUND" not in translated.upper()
+    assert [tuple(r) for r in spark.sql(translated).collect()] == expected
+
+
+def test_sums_of_halves_match_duckdb(spark) -> None:
+    """``CAST(SUM(v) AS HUGEINT)`` of a BIGINT column, as two BIGINT sums of its halves,
+    equals DuckDB's 128-bit sum: negative values, values at 2^40 and 2^62, NULLs, a group of
+    NULLs only (NULL), one past 2^63 in total."""
+    import duckdb
+
+    per_group = {
+        1: [1, -1, 2**20 - 1, -(2**20), 2**20, 2**40, -(2**40), 0, None],
+        2: [-(2**40)] * 7 + [-1] * 3,
+        3: [None, None],
+        4: [2**62] * 5,
+        5: [-(2**62)] * 3 + [2**62 - 1],
+    }
+    rows = ", ".join(f"({g}, {'NULL' if v is None else v})" for g, vs in per_group.items() for v in vs)
+    sql = (f"SELECT g, CAST(SUM(v) AS HUGEINT) AS s FROM (SELECT g, CAST(v AS BIGINT) AS v FROM (VALUES {rows}) "
+           "AS t(g, v)) AS x GROUP BY g ORDER BY g")
+    expected = duckdb.sql(sql).fetchall()
+    translated = _translated(sql)
+    assert "SHIFTRIGHT(" in translated.upper()
+    got = [(r[0], None if r[1] is None else int(r[1])) for r in spark.sql(translated).collect()]
+    assert got == expected and expected[2] == (3, None) and expected[3] == (4, 5 * 2**62)
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
 def test_file_sources(spark, tmp_path: Path, fmt: str) -> None:
     from dpsql.spark import SparkEngine
@@ -263,3 +316,19 @@ income = { bounds = [0, 100] }
     assert "INT128" not in shown and "HUGEINT" not in shown and '"' not in shown  # DuckDB's spellings
     rows = spark.sql(shown).collect()  # the text as shown runs on Spark (its salt is a placeholder 0)
     assert sorted(r[0] for r in rows) == ["north", "south"]
+
+
+def test_a_bounded_text_is_translated_once_and_its_parameters_still_checked(spark, monkeypatch) -> None:
+    from dpsql.spark import SparkEngine
+    from dpsql.spark import engine as spark_engine
+
+    engine = SparkEngine(spark, tables={"v": spark.createDataFrame([(1,)], "u BIGINT")})
+    text = f"SELECT HASH(XOR(HASH(u), CAST($salt2 AS UBIGINT))) AS h FROM {engine.table('v').sql(dialect='duckdb')}"
+    calls: list[object] = []
+    real = spark_engine.to_spark
+    monkeypatch.setattr(spark_engine, "to_spark", lambda tree: calls.append(tree) or real(tree))
+    first = engine.spark_sql(text, {"salt2": 1})
+    assert engine.spark_sql(text, {"salt2": 2}) == first and len(calls) == 1
+    with pytest.raises(dpsql.InternalError, match="salt2"):
+        engine.spark_sql(text, {})
+    assert engine.run(text, {"salt2": 5}).num_rows == 1
