@@ -17,7 +17,7 @@ from typing import Any
 from dpsql.connection import Connection
 from dpsql.datasources import open_engine
 from dpsql.engine import DuckDBEngine
-from dpsql.errors import RateLimited
+from dpsql.errors import QueryFailed, RateLimited
 from dpsql.explain import Explanation
 from dpsql.local.store import ReportStore
 from dpsql.policy import Policy, check_against_schema, load_policy
@@ -25,7 +25,8 @@ from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.result import Result
 from dpsql.timing import Timing, TimingModel, available_cores, calibrate, contention, table_sizes, warm_up
 from dpsql.errors import Error
-from dpsql.workers import WorkerPool, WorkerSpec
+from dpsql.release.bias import DEADLINE_FACTOR
+from dpsql.workers import WorkerDied, WorkerPool, WorkerSpec
 
 __all__ = ["RateLimiter", "Service", "server_timing"]
 
@@ -128,9 +129,28 @@ class Service:
         ``dialect``: the SQL dialect ``sql`` is written in (default DuckDB's)."""
         self._rate.take(analyst)
         if self.pool is not None:
-            self.connection(analyst)  # refuses once the server is stopping
-            return self.pool.execute(analyst, sql, epsilon, delta, bias=bias, dialect=dialect)
+            conn = self.connection(analyst)  # refuses once the server is stopping
+            started = time.monotonic()
+            try:
+                return self.pool.execute(analyst, sql, epsilon, delta, bias=bias, dialect=dialect)
+            except WorkerDied:
+                self._hold_to_deadline(conn, sql, epsilon, delta, bias, dialect, started)
+                raise QueryFailed() from None
         return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias, dialect=dialect)
+
+    def _hold_to_deadline(self, conn: Connection, sql: str, epsilon: float | None, delta: float | None,
+                          bias: bool, dialect: str | None, started: float) -> None:
+        """Wait until the deadline a worker would have released the query's answer at (its
+        death must not tell the analyst when it died). Planning reads no data; a query the
+        worker could not even plan died before anything depended on the data."""
+        if self.timing is None:
+            return
+        try:
+            plan = conn.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
+        except Error:
+            return
+        seconds = self.timing.deadline(plan) * (DEADLINE_FACTOR if bias else 1.0)
+        time.sleep(max(0.0, started + seconds - time.monotonic()))
 
     def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None,
                 dialect: str | None = None) -> Explanation:

@@ -118,7 +118,7 @@ class WorkerPool:
                 worker.kill()
                 worker = _Worker.start(self._context, self._spec)
                 worker.wait_ready()
-                raise QueryFailed() from None
+                raise WorkerDied() from None
         finally:
             self._idle.put(worker)
         if kind == "ok":
@@ -182,6 +182,13 @@ class _Worker:
             self.process.kill()
         self.process.join()
         self.pipe.close()
+
+
+class WorkerDied(QueryFailed):
+    """A worker died while answering (its query may have charged: the ledger says). Its
+    death may depend on the data (memory, a crash on one person's row), so the server
+    answers it at the query's deadline, like any failure after the charge
+    (:meth:`dpsql.service.Service.execute`)."""
 
 
 def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
