@@ -58,7 +58,7 @@ import pyarrow.flight as flight
 from dpsql.version import __version__
 from dpsql.auth import TokenVerifier
 from dpsql.wire import ACTIONS, encode_result, error_payload, explanation_payload
-from dpsql.errors import AuthenticationError, Error, InternalError, QueryRejected
+from dpsql.errors import AuthenticationError, Error, InternalError, QueryFailed, QueryRejected
 from dpsql.service import Service
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class DpsqlFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             result = self._service.execute(analyst, request.sql, request.epsilon, request.delta, bias=request.bias,
                                            dialect=request.dialect)
         except Error as exc:
-            log.info("query analyst=%r %s refused: %s (nothing charged)", analyst, request.describe(), type(exc).__name__)
+            log.info("query analyst=%r %s %s: %s", analyst, request.describe(), *_outcome(exc))
             raise
         elapsed = 1e3 * (time.perf_counter() - start)
         if getattr(result, "cached", False):
@@ -544,3 +544,10 @@ def configure_logging(level: int = logging.INFO) -> None:
     log.addHandler(handler)
     log.setLevel(level)
     log.propagate = False
+
+
+def _outcome(exc: Error) -> tuple[str, str]:
+    """How the owner's log names a failed query: a QueryFailed came after the charge."""
+    if isinstance(exc, QueryFailed):
+        return "failed after the charge", type(exc).__name__
+    return "refused", f"{type(exc).__name__} (nothing charged)"

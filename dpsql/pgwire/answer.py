@@ -161,7 +161,10 @@ class Answering:
         except Error as exc:
             if tree is None and isinstance(exc, errors.QueryRejected):
                 exc = st.SyntaxProblem(str(exc))
-            log.info("query analyst=%r %s refused: %s (nothing charged) [pg]", self.user, described, type(exc).__name__)
+            charged = isinstance(exc, errors.QueryFailed)
+            log.info("query analyst=%r %s %s: %s [pg]", self.user, described,
+                     "failed after the charge" if charged else "refused",
+                     type(exc).__name__ if charged else f"{type(exc).__name__} (nothing charged)")
             raise exc from None
         elapsed = 1e3 * (time.perf_counter() - started)
         if getattr(result, "cached", False):
