@@ -122,8 +122,9 @@ def test_one_unit_moves_each_exact_vector_by_at_most_the_clip(tmp_path) -> None:
 def test_clipped_values_per_cell_cover_the_truth(tmp_path) -> None:
     """300 units, 1 to 6 rows each (R = 8 drops nothing), x outside [0, 10] in a known share:
     per group, the count of clipped x values is known exactly; over 20 runs of 3 groups, each
-    cell's estimate falls within its own 95% interval of the truth in 95% of cells (more than
-    7 misses of 60 has probability below 0.3%)."""
+    cell's estimate falls within its own 95% interval of the truth in 95% of cells. More than
+    9 misses of 60 has probability 0.07% (binom.sf(9, 60, 0.05)); noise twice the claimed
+    (a miss rate of ~0.33) passes with probability 0.14% (binom.cdf(9, 60, 0.33))."""
     rng = np.random.default_rng(17)
     rows = rng.integers(1, 7, 300)
     u = np.repeat(np.arange(300), rows)
@@ -145,7 +146,7 @@ def test_clipped_values_per_cell_cover_the_truth(tmp_path) -> None:
                 misses += abs(value - truth[key]) > half
                 cells += 1
                 assert abs(cell.dropped_rows[0]) <= 4 * cell.dropped_rows[1]  # nothing dropped
-    assert cells == 60 and misses <= 7
+    assert cells == 60 and misses <= 9
     total = sum(truth.values())
     assert abs(res.bias.clipped["x"][0] - total) <= 2 * res.bias.clipped["x"][1]  # the total too
 
