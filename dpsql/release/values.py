@@ -17,9 +17,11 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dpsql.noise import RandomSource, laplace_noise
 from dpsql.plan import ValueRelease
+from dpsql.release.udf.block_quantile import BlockQuantile
 from dpsql.release.udf import (
     UDF,
     QuantileSpec,
@@ -60,22 +62,29 @@ def release_values(
     source: RandomSource | None = None,
 ) -> list[UDFRelease]:
     """One release per group of ``groups`` (key tuples, in output order)."""
-    by_group: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+    by_group: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray, int]] = {}
     if rows.num_rows:
-        if keys:
-            grouped = rows.group_by(list(keys)).aggregate([("__v", "list"), ("__id", "list")])
-            key_values = key_tuples(grouped, keys)
-            for key, v, ids in zip(key_values, grouped["__v_list"].to_pylist(), grouped["__id_list"].to_pylist()):
-                by_group[key] = (np.asarray(v, dtype=np.float64), np.asarray(ids, dtype=np.uint64))
+        if keys:  # each group's values and ids as numpy slices (no Python objects per row)
+            grouped = rows.group_by(list(keys)).aggregate([("__v", "list"), ("__id", "list"), ("__id", "count_distinct")])
+            lists = (grouped["__v_list"].combine_chunks(), grouped["__id_list"].combine_chunks())
+            units = grouped["__id_count_distinct"].to_pylist()
+            for i, key in enumerate(key_tuples(grouped, keys)):
+                by_group[key] = (_numpy(lists[0][i].values, np.float64), _numpy(lists[1][i].values, np.uint64), units[i])
         else:
-            by_group[()] = (rows["__v"].to_numpy(), rows["__id"].to_numpy().astype(np.uint64))
-    empty = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.uint64))
+            by_group[()] = (_numpy(rows["__v"], np.float64), _numpy(rows["__id"], np.uint64),
+                            pc.count_distinct(rows["__id"]).as_py())
+    empty = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.uint64), 0)
     return [_release_group(release, *by_group.get(tuple(g), empty), source) for g in groups]
 
 
-def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, source: RandomSource | None) -> UDFRelease:
+def _numpy(column: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> np.ndarray:
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, units: int,
+                   source: RandomSource | None) -> UDFRelease:
+    """``units``: the group's distinct unit ids (``len(np.unique(ids))``)."""
     count_eps, eps = release.count_epsilon, release.answer_epsilon  # the split is the plan's
-    units = len(np.unique(ids))
     noisy_units = max(1.0, float(units + laplace_noise(1, count_eps).sample(1, source)[0]))
     target = release.target
     r = release.rows_per_unit
@@ -88,7 +97,7 @@ def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, s
             proposal = propose_bound(bounds, noisy_units, eps, release.delta, r)
             out = ptr_quantile(values, target.q, bounds, eps, release.delta, proposal=proposal, rows_per_unit=r, source=source)
         else:
-            out = _sample_and_aggregate(_quantile_of(target.q), values, ids, noisy_units, bounds, eps, source)
+            out = _sample_and_aggregate(BlockQuantile(target.q), values, ids, noisy_units, bounds, eps, source)
         return _with_reason(out, reason)
     assert isinstance(target, UDF)
     sensitivity = target.local_sensitivity
@@ -108,13 +117,6 @@ def _sample_and_aggregate(fn, values, ids, noisy_units, bounds, eps, source, tim
     k = choose_block_count(noisy_units, eps)
     blocks = assign_blocks(ids, k)
     return sample_and_aggregate(fn, values, blocks, k, bounds, eps, time_limit=time_limit, source=source)
-
-
-def _quantile_of(q: float):  # type: ignore[no-untyped-def]
-    def quantile(block: np.ndarray) -> float:
-        return float(np.quantile(block, q)) if len(block) else float("nan")
-
-    return quantile
 
 
 def _with_reason(out: UDFRelease, reason: str) -> UDFRelease:
