@@ -36,7 +36,8 @@ from dpsql.analyze.context import Context, PublicRows, PublicValues
 from dpsql.analyze.keys import _effective_l0, _plan_group_keys
 from dpsql.analyze.outputs import _plan_output
 from dpsql.analyze.parse import parse_select, reject
-from dpsql.analyze.scope import build_scope, resolve
+from dpsql.analyze.scope import resolve
+from dpsql.analyze.sources import build_scope
 from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
 from dpsql.normalize import Normalized, normalize, query_budget
 from dpsql.plan import UDF, QueryPlan
@@ -109,7 +110,7 @@ def check_clauses(ctx: Context) -> None:
 
 
 def scope(ctx: Context) -> None:
-    """Pass: the tables of FROM and JOIN, each a policy table (:mod:`dpsql.analyze.scope`)."""
+    """Pass: the tables of FROM and JOIN, each a policy table (:mod:`dpsql.analyze.sources`)."""
     ctx.scope, ctx.pending = build_scope(ctx.sql, ctx.select, ctx.policy, ctx.schema)
 
 

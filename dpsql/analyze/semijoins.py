@@ -28,7 +28,9 @@ import sqlglot.expressions as exp
 from dpsql.analyze import predicates
 from dpsql.analyze.context import Context
 from dpsql.analyze.parse import reject
+from dpsql.analyze.derived import joined_sources
 from dpsql.analyze.scope import Resolved, Scope, resolve
+from dpsql.analyze.sources import inner_scope
 from dpsql.errors import PolicyViolation, QueryRejected
 
 __all__ = ["compile_semijoins", "lift_semijoins", "restored"]
@@ -96,8 +98,6 @@ def _reads_private(ctx: Context, body: exp.Select) -> bool:
 
 
 def _compile(ctx: Context, node: exp.Expr) -> exp.Expr:
-    from dpsql.analyze.derived import inner_scope, joined_sources
-
     sql = ctx.sql
     negated = isinstance(node, exp.Not)
     core = (node.this if negated else node).unnest()
