@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from dpsql.analyze.calibrate import clip_range, midpoint, square_offset
-from dpsql.analyze.predicates import member
+from dpsql.analyze.public_values import member
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.rewrite_columns import Layout, Read, RowValue, layout
 from dpsql.rewrite_distinct import distinct_row_value, distinct_total, kept_values

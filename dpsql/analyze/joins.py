@@ -29,13 +29,27 @@ in ON, and private tables joined on anything but their units (or a privacy_link 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import sqlglot.expressions as exp
 
+from dpsql import sqltypes
 from dpsql.analyze.parse import reject
-from dpsql.analyze.predicates import check_where, join_equality
+from dpsql.analyze.predicates import check_where
 from dpsql.analyze.scope import Entry, Resolved, Scope, resolve
+from dpsql.diagnose import with_article
+from dpsql.sqltypes import Operand, SqlType
 
-__all__ = ["join_condition"]
+__all__ = ["Key", "join_condition", "join_equality"]
+
+
+class Key(Protocol):
+    """One side of a join's equality: a column's engine type and canonical reference."""
+
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def ref(self) -> exp.Column: ...
 
 
 def join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expr:
@@ -91,7 +105,7 @@ def _unit_equality(scope: Scope, entry: Entry) -> exp.Expression:
 
 def _equalities(scope: Scope, on: exp.Expression) -> tuple[list[tuple[Resolved, Resolved]], list[exp.Expression]]:
     """The column pairs of ``on`` and their equalities, each in the keys' exact common type
-    (:func:`dpsql.analyze.predicates.join_equality`: a join on keys of different types must not
+    (:func:`join_equality`: a join on keys of different types must not
     fail, nor match, on some values only)."""
     conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
     pairs, equalities = [], []
@@ -143,3 +157,27 @@ def _unit_name(entry: Entry) -> str:
         column, table, target = entry.link
         return f"{column}, linked to {table}.{target}"
     return str(entry.table.privacy_unit)
+
+
+def join_equality(sql: str, left: Key, right: Key, node: exp.Expr | None) -> exp.Expression:
+    """``left = right`` for a JOIN ... ON, in the keys' common type, or a refusal: the types
+    must match in family and, for numbers, have an exact common type (an inexact one could
+    join two people's rows); dates and timestamps must be of one type."""
+    a, b = (Operand(sqltypes.parse_type(r.dtype), r.ref.copy()) for r in (left, right))
+    families = {a.type.family, b.type.family}
+    target: SqlType | None = None
+    if families == {"number"}:
+        target = sqltypes.common_number([a, b])
+        if target.name in ("DOUBLE", "FLOAT") and (a.type.exact or b.type.exact):
+            target = None
+    elif len(families) == 1 and families <= {"string", "boolean"} or a.type == b.type and families <= {"date", "timestamp"}:
+        target = a.type
+    if target is None:
+        raise reject(
+            f"cannot join {with_article(left.dtype)} column with {with_article(right.dtype)} column: no type holds both "
+            "exactly, so the match could fail or pair the wrong rows on some values. Join on "
+            "columns of the same type (or integer / decimal types that fit in one).",
+            sql,
+            node,
+        )
+    return exp.EQ(this=sqltypes.cast(a, target), expression=sqltypes.cast(b, target))

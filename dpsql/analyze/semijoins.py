@@ -29,6 +29,7 @@ from dpsql.analyze import predicates
 from dpsql.analyze.context import Context
 from dpsql.analyze.parse import reject
 from dpsql.analyze.derived import joined_sources
+from dpsql.analyze.joins import join_equality
 from dpsql.analyze.scope import Resolved, Scope, resolve
 from dpsql.analyze.sources import inner_scope
 from dpsql.errors import PolicyViolation, QueryRejected
@@ -139,7 +140,7 @@ def _compile(ctx: Context, node: exp.Expr) -> exp.Expr:
         left, right = resolve(outer, core.this), resolve(inner, selected)
         if _tied(left, right):
             ties.append((left, right))
-        conditions.append(predicates.join_equality(sql, left, right, core))
+        conditions.append(join_equality(sql, left, right, core))
     if not ties:
         raise reject(
             "an IN / EXISTS subquery over private rows must be tied to the outer row's privacy unit "
@@ -201,4 +202,4 @@ def _unit_equality(ctx: Context, inner: Scope, outer: Scope) -> exp.Expr:
     theirs = outer.primary
     a = resolve(inner, exp.column(str(mine.table.privacy_unit), table=mine.name))
     b = resolve(outer, exp.column(str(theirs.table.privacy_unit), table=theirs.name))
-    return predicates.join_equality(ctx.sql, a, b, None)
+    return join_equality(ctx.sql, a, b, None)

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 import sqlglot.expressions as exp
 
 from dpsql.analyze import derived, predicates
-from dpsql.analyze.joins import join_condition
+from dpsql.analyze.joins import join_condition, join_equality
 from dpsql.analyze.parse import point_at, reject
-from dpsql.analyze.predicates import join_equality
 from dpsql.analyze.scope import Entry, Pending, Resolved, Scope, resolve
 from dpsql.diagnose import did_you_mean
 from dpsql.errors import PolicyViolation
@@ -175,7 +174,7 @@ def _link_query(scope: Scope, table: TablePolicy, schema: Mapping[str, Mapping[s
     own_types = schema[table.name.casefold()]
     left = _Key(own_types[column.casefold()], exp.column(column, table=child, quoted=True))
     right = _Key(parent_types[target_column.casefold()], exp.column(target_column, table=parent, quoted=True))
-    on = join_equality(scope.sql, left, right, None)  # type: ignore[arg-type]
+    on = join_equality(scope.sql, left, right, None)
     query = (exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(child, quoted=True)),
                         exp.alias_(unit, LINKED_UNIT, quoted=True))
              .from_(exp.Table(this=exp.to_identifier(table.name, quoted=True),
