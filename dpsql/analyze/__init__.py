@@ -16,7 +16,8 @@ noise, on noisy values. Everything else is refused before any data is read.
 :class:`~dpsql.analyze.context.Context` (each pass a function you can test alone, the way
 sqlglot's optimizer lists its rules): the budget (:mod:`~dpsql.analyze.budget`), parsing
 (:mod:`~dpsql.analyze.parse`), the clauses (:mod:`~dpsql.analyze.clauses`), the tables
-(:mod:`~dpsql.analyze.scope`), the group keys (:mod:`~dpsql.analyze.keys`), the row-level
+(:mod:`~dpsql.analyze.sources`, :mod:`~dpsql.analyze.joins`, :mod:`~dpsql.analyze.derived`,
+into a :mod:`~dpsql.analyze.scope`), the group keys (:mod:`~dpsql.analyze.keys`), the row-level
 conditions (:mod:`~dpsql.analyze.predicates`), the outputs and their aggregates
 (:mod:`~dpsql.analyze.outputs`), and finally the split of the budget and the calibration of
 every measurement (:mod:`~dpsql.analyze.calibrate`).
