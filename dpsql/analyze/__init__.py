@@ -39,7 +39,7 @@ from dpsql.analyze.parse import parse_select, reject
 from dpsql.analyze.scope import build_scope, resolve
 from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
 from dpsql.normalize import Normalized, normalize, query_budget
-from dpsql.plan import UDF, QueryPlan
+from dpsql.plan import QueryPlan, UDFSpec
 from dpsql.policy import Policy
 
 __all__ = ["RULES", "Context", "analyze", "resolve_budget"]
@@ -56,7 +56,7 @@ def analyze(
     epsilon: float | None = None,
     delta: float | None = None,
     public_values: PublicValues | None = None,
-    udfs: Mapping[str, UDF] | None = None,
+    udfs: Mapping[str, UDFSpec] | None = None,
     dialect: str | None = None,
     public_rows: PublicRows | None = None,
     normalized: Normalized | None = None,
