@@ -135,7 +135,7 @@ class Connection:
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
         self._plans: dict[tuple[str, float | None, float | None, str | None, bool], QueryPlan] = {}
-        self._reader = Reader(engine, noise_source)
+        self._reader = Reader(engine, noise_source, self._udfs)
         self._answers: RepeatCache | None = None
         self._timing = timing
         if repeats and hasattr(engine, "data_version"):
@@ -207,7 +207,7 @@ class Connection:
         plan = self._bound_plan(sql, epsilon, delta, dialect, normalized=normalized, bias=bias)
         self._post.check(plan, noisy_schema(plan))
         for release in plan.value_releases:  # refusals the release would make: before the charge
-            check_strategy(release.target, plan.delta)  # type: ignore[arg-type]
+            check_strategy(release.target, plan.delta)
         return plan
 
     def _public_rows(self, query: exp.Select) -> list[tuple[object, ...]]:
@@ -287,7 +287,8 @@ class Connection:
         """``analyze`` then ``bind``: the one place a plan is made (no data, no charge)."""
         return bind(analyze(
             sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
-            public_values=self._public_values, udfs=self._udfs, dialect=dialect, public_rows=self._public_rows,
+            public_values=self._public_values, udfs={name: udf.spec for name, udf in self._udfs.items()},
+            dialect=dialect, public_rows=self._public_rows,
             normalized=normalized, bias=bias,
         ), self._engine)
 

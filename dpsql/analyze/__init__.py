@@ -41,7 +41,7 @@ from dpsql.analyze.scope import resolve
 from dpsql.analyze.sources import build_scope
 from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
 from dpsql.normalize import Normalized, normalize, query_budget
-from dpsql.plan import UDF, QueryPlan
+from dpsql.plan import QueryPlan, UDFSpec
 from dpsql.policy import Policy
 
 __all__ = ["RULES", "Context", "analyze", "resolve_budget"]
@@ -58,7 +58,7 @@ def analyze(
     epsilon: float | None = None,
     delta: float | None = None,
     public_values: PublicValues | None = None,
-    udfs: Mapping[str, UDF] | None = None,
+    udfs: Mapping[str, UDFSpec] | None = None,
     dialect: str | None = None,
     public_rows: PublicRows | None = None,
     normalized: Normalized | None = None,
