@@ -62,6 +62,7 @@ def analyze(
     dialect: str | None = None,
     public_rows: PublicRows | None = None,
     normalized: Normalized | None = None,
+    bias: bool = False,
 ) -> QueryPlan:
     """Check ``sql`` against ``policy`` and plan everything its answer needs.
 
@@ -81,6 +82,9 @@ def analyze(
         normalized: ``sql`` already read by :func:`dpsql.normalize.normalize` with these
             arguments (the connection reads it once, to tell a public-only query apart);
             ``None``: read here.
+        bias: set ``BIAS_SHARE`` of epsilon aside for the bias estimates
+            (:mod:`dpsql.release.bias`): the plan's ``epsilon`` is the rest, its
+            ``bias_epsilon`` that share; epsilon is checked against the policy before the split.
 
     Raises:
         QueryRejected: the SQL cannot be answered privately as written.
@@ -88,7 +92,7 @@ def analyze(
     """
     ctx = Context(sql=sql, policy=policy, schema=schema, requested=query_budget(sql, epsilon, delta),
                   public_values=public_values, udfs=udfs or {}, dialect=dialect, public_rows=public_rows,
-                  normalized=normalized)
+                  normalized=normalized, bias=bias)
     for rule in RULES:
         rule(ctx)
     return _plan(ctx)
@@ -179,6 +183,7 @@ def _plan(ctx: Context) -> QueryPlan:
         output_names=names,
         epsilon=eps,
         delta=dlt,
+        bias_epsilon=ctx.bias_epsilon,
         mechanism="gaussian" if dlt > 0 else "laplace",
         selection=selection,
         sources=tuple(scope.sources),
