@@ -40,6 +40,8 @@ the interpreter costs one block, not the server; ``fn`` cannot change the server
 With ``isolation="inline"`` blocks run in the calling thread (faster, for trusted
 functions and tests): exceptions are caught and a slow block still gets the default, but
 it cannot be interrupted.
+dpsql's own quantile (:class:`~dpsql.release.udf.block_quantile.BlockQuantile`, for MEDIAN and
+PERCENTILE_CONT) is no analyst's code: it runs inline, every block at once (issue 16).
 
 **Timing.** A failed block costs the same wherever it sits: its run time up to the limit
 (a timeout: the limit, a small grace period and one fork, a few ms). So the total time
@@ -69,6 +71,7 @@ import numpy.typing as npt
 from dpsql.errors import InternalError
 from dpsql.plan import DEFAULT_TIME_LIMIT  # seconds one block may run before it gets the default
 from dpsql.noise import RandomSource, laplace_noise
+from dpsql.release.udf.block_quantile import BlockQuantile
 from dpsql.release.udf._release import (
     CONFIDENCE,
     FloatArray,
@@ -237,7 +240,11 @@ def evaluate_blocks(fn: BlockFunction, values: npt.ArrayLike, block_ids: npt.Arr
     out = np.full(k, math.nan)
     status = np.zeros(k, dtype=np.int8)
     used: Isolation = isolation if isolation == "inline" or hasattr(os, "fork") else "inline"
-    if used == "process":
+    if isinstance(fn, BlockQuantile):  # dpsql's own quantile: every block at once, inline
+        used = "inline"
+        out = fn.all_blocks(data, offsets)
+        status[~np.isfinite(out)] = NON_FINITE
+    elif used == "process":
         _run_forked(fn, data, offsets, time_limit, out, status)
     else:
         for i in range(k):
