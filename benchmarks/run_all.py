@@ -66,17 +66,17 @@ class Section:
 
 
 SECTIONS = (
-    Section("shapes", "bench_shapes.py", "Per query shape, 10M rows / 200k units",
+    Section("shapes", "bench_shapes.py", "dpsql / floor per query shape",
             ("--repeat", "3"), ("--rows", "1000000", "--units", "100000", "--repeat", "1"), 4.0,
             "WHERE, public join, private key, two keys <= 1.4x the floor; 8 aggregates <= 2x; "
             "100,000 public keys <= 1.5x; MEDIAN <= 1.5x a hand-written bounded median"),
-    Section("scale", "bench_scale.py", "Core GROUP BY at 10M and 100M rows of Parquet, peak memory",
+    Section("scale", "bench_scale.py", "Core GROUP BY from Parquet, time and peak memory",
             ("--sizes", "10M,100M", "--repeat", "3"), ("--sizes", "1M", "--repeat", "1"), 4.0,
             "dpsql / floor <= 1.3x (wall and CPU) at 10M and 100M; dpsql peak RSS <= 1 GiB at 100M"),
     Section("fixed", "bench_fixed_cost.py", "A new small query, by stage",
             ("--rounds", "300"), ("--rounds", "30", "--warmup", "5"), 1.0,
             "p50 <= 3x raw DuckDB's p50 on the same 1,000-row table, default file ledger"),
-    Section("smartnoise", "vs_smartnoise.py", "dpsql vs SmartNoise SQL, 1M rows",
+    Section("smartnoise", "vs_smartnoise.py", "dpsql vs SmartNoise SQL",
             ("--runs", "30"), ("--runs", "3"), 4.0,
             "SmartNoise / dpsql >= 20x on each of the four queries"),
     Section("server", "bench_server.py", "Server, 8 client processes",
@@ -132,11 +132,21 @@ def run_section(section: Section, quick: bool, i: int, n: int) -> Outcome:
 
 
 def goal_lines(report: str) -> list[str]:
-    """The lines of a section's report that state a goal's outcome, or a goal not met."""
+    """What a section's report says of its goals: its "Goal ..." lines, the rows of its tables
+    that carry a goal (last cell ``<= ...`` or ``>= ...``, or a ratio row), and the rows it
+    marks as not met."""
     keep = []
     for line in report.splitlines():
-        if line.startswith("Goal") or "(over)" in line or "**no**" in line or "MISSED" in line:
-            keep.append(line.strip())
+        line = line.strip()
+        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("|") else []
+        if line.startswith("Goal"):
+            keep.append(line)
+        elif cells and ("<=" in cells[-1] or ">=" in cells[-1]) and any(ch.isdigit() for c in cells[1:-1] for ch in c):
+            keep.append(f"{cells[0]}: {' / '.join(c for c in cells[1:-1] if c)} (goal {cells[-1]})")
+        elif cells and "ratio" in cells[0]:
+            keep.append(f"{cells[0]}: {' / '.join(c for c in cells[1:] if c)}")
+        elif cells and ("**no**" in line or "MISSED" in line):
+            keep.append(f"not met: {cells[0]}")
     return keep
 
 
