@@ -37,7 +37,7 @@ import sqlglot.expressions as exp
 from sqlglot.dialects.dialect import Dialect
 
 from dpsql.errors import Error, InternalError
-from dpsql.hardened import lock, open_private
+from dpsql.hardened import lock, open_for_data
 from dpsql.plan import QueryPlan
 
 __all__ = ["DuckDBEngine", "Engine", "bind"]
@@ -234,7 +234,7 @@ class DuckDBEngine:
 def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
     if not os.path.exists(path):
         raise Error(f"database file {path!r} does not exist. Pass the path of an existing DuckDB file.")
-    con = open_private()
+    con = open_for_data()
     literal = exp.Literal.string(path).sql(dialect="duckdb")
     try:
         con.execute(f"ATTACH {literal} AS {_ATTACHED} (READ_ONLY)")
