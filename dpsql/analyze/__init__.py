@@ -188,14 +188,15 @@ def _plan(ctx: Context) -> QueryPlan:
 
 def _normalized_text(select: exp.Select) -> str:
     """The query as read, with identifiers unquoted and case-folded (dpsql resolves names
-    case-insensitively): the same question in any dialect or spelling has one text."""
+    case-insensitively) and comments dropped: the same question in any dialect or spelling
+    has one text (the repeat store's key, :func:`dpsql.repeats.plan_key`)."""
 
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Identifier):
             return exp.Identifier(this=node.name.casefold(), quoted=False)
         return node
 
-    return select.copy().transform(fold).sql(dialect="duckdb")
+    return select.transform(fold).sql(dialect="duckdb", comments=False)  # transform copies once
 
 
 
