@@ -195,14 +195,16 @@ def _plan(ctx: Context) -> QueryPlan:
 
 def _normalized_text(select: exp.Select) -> str:
     """The query as read, with identifiers unquoted and case-folded (dpsql resolves names
-    case-insensitively): the same question in any dialect or spelling has one text."""
+    case-insensitively) and comments dropped: the same question in any dialect or spelling
+    has one text (the repeat store's key, :func:`dpsql.repeats.plan_key`). Changes
+    ``select`` in place: pass a copy (:func:`~dpsql.analyze.semijoins.restored` makes one)."""
 
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Identifier):
             return exp.Identifier(this=node.name.casefold(), quoted=False)
         return node
 
-    return select.copy().transform(fold).sql(dialect="duckdb")
+    return select.transform(fold, copy=False).sql(dialect="duckdb", comments=False)
 
 
 

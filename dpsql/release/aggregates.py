@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -73,14 +73,30 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     return pa.table(columns)
 
 
-def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, source: RandomSource | None) -> np.ndarray:
+def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, noise: np.ndarray) -> np.ndarray:
     """Exact lattice value plus integer noise (a negative shift refines the lattice here)."""
     values = exact.to_numpy().astype(np.int64, copy=False)
     if m.shift < 0:
         limit = _SATURATE >> -m.shift
         values = np.clip(values, -limit, limit) << -m.shift
-    released: np.ndarray = values + sample(m.noise, len(values), source)
+    released: np.ndarray = values + noise
     return released
+
+
+def _noise(measurements: Sequence[Measurement], n: int, source: RandomSource | None) -> dict[str, np.ndarray]:
+    """``n`` independent draws of each measurement's noise, by measurement name: one sampler
+    call per distinct noise (measurements with equal noise share a call, split after), so
+    a small query pays the exact samplers' per-call overhead once per distinct scale. The
+    draws are iid either way: the same joint distribution as one call per measurement."""
+    by_noise: dict[object, list[Measurement]] = {}
+    for m in measurements:
+        by_noise.setdefault(m.noise, []).append(m)
+    out: dict[str, np.ndarray] = {}
+    for group in by_noise.values():
+        draws = sample(group[0].noise, n * len(group), source)
+        for i, m in enumerate(group):
+            out[m.name] = draws[i * n:(i + 1) * n]
+    return out
 
 
 def count_half_width(m: Measurement) -> float:
@@ -120,7 +136,8 @@ def noisy_table(
     ``udfs`` holds the registered functions' code, by name.
     """
     exact = select_partitions(plan, complete_groups(plan, exact), source)
-    released = {m.name: _released(m, exact[m.name], source) for m in plan.measurements}
+    noise = _noise(plan.measurements, exact.num_rows, source)
+    released = {m.name: _released(m, exact[m.name], noise[m.name]) for m in plan.measurements}
     columns: dict[str, pa.Array | pa.ChunkedArray] = {k.name: exact[k.name] for k in plan.group_keys}
     by_name = {r.name: r for r in plan.value_releases}
     for agg in plan.aggregates:
