@@ -84,6 +84,9 @@ def main() -> int:
     parser.add_argument("--deadline-ms-per-million-rows", type=float, default=None)
     parser.add_argument("--compare", default=None, metavar="DIR",
                         help="also run a server from the dpsql code in DIR, phases interleaved with this one's")
+    parser.add_argument("--compare-deadline-base-ms", type=float, default=None,
+                        help="pin the compared server's model (with the next; its formula may differ)")
+    parser.add_argument("--compare-deadline-ms-per-million-rows", type=float, default=None)
     parser.add_argument("--write", action="store_true", help=f"also append the report to {RESULTS}")
     args = parser.parse_args()
 
@@ -104,7 +107,12 @@ def main() -> int:
             for name, code in codes:
                 folder = home / name
                 folder.mkdir()
-                servers.append(_start_server(db, policy, home / "auth.toml", folder, args.workers, code))
+                own = policy
+                if name == "compared" and args.compare_deadline_base_ms is not None:
+                    own = folder / "policy.toml"
+                    own.write_text(_bench_policy(args, args.compare_deadline_base_ms,
+                                                 args.compare_deadline_ms_per_million_rows))
+                servers.append(_start_server(db, own, home / "auth.toml", folder, args.workers, code))
             overhead_token = tokens.pop(f"bench{args.clients}")
             for kind, fresh in kinds:
                 network, embedded = _sequential(servers[0][1], overhead_token, db, policy,
@@ -132,15 +140,16 @@ def main() -> int:
     return 0
 
 
-def _bench_policy(args: argparse.Namespace) -> str:
+def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_million_ms: float | None = None) -> str:
     """The demo policy with a budget and a rate limit that the benchmark cannot exhaust."""
     text = (ROOT / "policies" / "demo.toml").read_text()
     server = ["queries_per_minute = 100000000"]
     if args.slack is not None:
         server.append(f"deadline_slack = {args.slack}")
-    if args.deadline_base_ms is not None:
-        server += [f"deadline_base_ms = {args.deadline_base_ms}",
-                   f"deadline_ms_per_million_rows = {args.deadline_ms_per_million_rows}"]
+    if base_ms is None:
+        base_ms, per_million_ms = args.deadline_base_ms, args.deadline_ms_per_million_rows
+    if base_ms is not None:
+        server += [f"deadline_base_ms = {base_ms}", f"deadline_ms_per_million_rows = {per_million_ms}"]
     lines = []
     for line in text.splitlines():
         if line.startswith("default = {"):

@@ -370,6 +370,11 @@ class Connection:
         no planning, no hold (``late``: the deadline, :meth:`dpsql.timing.Timing.run_until`),
         nothing of the plan kept. ``bias_share``: the bias estimate's share, as ``execute(bias=True)``."""
         self._check_open()
+        if late is not None and late.is_set() and bias_share is None:
+            # It waited past its deadline (the analyst has QueryFailed already): charged as an
+            # overrun is, and nothing read, so a backlog costs the workers little.
+            self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge_of(plan, sql))
+            raise QueryFailed()
         try:
             if bias_share is not None:
                 return self._execute_with_bias(plan, sql, bias_share, late)

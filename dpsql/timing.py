@@ -32,14 +32,14 @@ The defence, after Haeberlen, Pierce and Narayan, "Differential Privacy Under Fi
    - *Release-only hold* (:class:`ReleaseTiming` in the server process and
      :meth:`Timing.run_until` in the workers of ``--workers N``, :mod:`dpsql.workers`):
      the query's deadline starts when one of N *lanes* is free (at once when one is idle;
-     planning, before it, reads public data only), and a lane is taken for the query's
-     modelled run time only (its deadline without slack and margin), so the start is
-     scheduled from public facts (arrivals and plans); its engine work goes to the first
-     free worker, which arms an interrupt at the deadline, runs it and takes its next query
-     as soon as it is done; the answer waits for its deadline in the server process (a
-     sleeping thread, no worker and no slot held). Throughput is then about ``N / run
-     time``, a slack's worth more than the slot hold, and set by what a query costs, not by
-     how long answers are held. The N workers bound how many runs share the cores (the
+     planning, before it, reads public data only), and a lane is taken for
+     :data:`HEADROOM` (1.5) times the query's modelled run time (its deadline without slack
+     and margin), so the start is scheduled from public facts (arrivals and plans); its
+     engine work goes to the first free worker, which arms an interrupt at the deadline,
+     runs it and takes its next query as soon as it is done; the answer waits for its
+     deadline in the server process (a sleeping thread, no worker and no slot held).
+     Throughput is then about ``N / (1.5 x run time)``, twice the slot hold's at slack 3,
+     and set by what a query costs, not by how long answers are held. The N workers bound how many runs share the cores (the
      contention model below).
 
 What the analyst observes with the release-only hold. For a query that reads private data:
@@ -130,13 +130,20 @@ _BEFORE_DATA = (BudgetExceeded, RateLimited)
 #: The smallest size a table is assumed to have (coarsening).
 MIN_ROWS = 1024
 
+#: How many modelled run times a query takes its lane for (:class:`ReleaseTiming`): the
+#: workers' room to catch up when real runs are slower than modelled (other processes on
+#: the cores), so that a backlog drains instead of growing into overruns.
+HEADROOM = 1.5
+
 
 @dataclass(frozen=True)
 class TimingModel:
-    """How long a query may take: ``slack * (base + per_row * rows * work) + margin``.
+    """How long a query may take: ``slack * contention * work * (base + per_row * rows) + margin``.
 
     Attributes:
-        base: seconds a query costs whatever its size (planning, SQL, noise, ledger).
+        base: seconds one pass's worth of query (``work`` 1, :func:`plan_work`) costs whatever
+            its size (the bounded SQL, the charge, noise, the repeat store); a query with more
+            aggregates, keys or joins costs more of it as well as more per row.
         per_row: seconds per row of one bounded pass, on this machine.
         slack: how much slower than the model a run may be before it counts as an overrun.
         margin: seconds added to every deadline (scheduler jitter, a loaded machine).
@@ -149,14 +156,14 @@ class TimingModel:
     base: float
     per_row: float
     slack: float = 3.0
-    margin: float = 0.02
+    margin: float = 0.005
     fixed: float | None = None
     contention: float = 1.0
 
     def seconds(self, rows: float, work: float) -> float:
         if self.fixed is not None:
             return self.fixed
-        return self.slack * self.contention * (self.base + self.per_row * rows * work) + self.margin
+        return self.slack * self.contention * work * (self.base + self.per_row * rows) + self.margin
 
     def run_time(self, seconds: float) -> float:
         """The modelled run time of a query whose deadline is ``seconds``: the deadline
@@ -343,10 +350,11 @@ class ReleaseTiming(Timing):
     (:meth:`TimingModel.run_time`: the deadline without its slack and margin), not for its
     whole deadline. A query's deadline starts when the first lane is free (at once when one
     is idle), and it is released that deadline later. A burst of queries then queues at
-    public times, as with the slot hold, but a lane is held for a third of what the slot
-    hold holds (slack 3): throughput is about ``lanes / run time``. The real workers take the
-    queries in order as soon as they are free; a query overruns only if the real work falls
-    behind the modelled schedule by more than the slack's room.
+    public times, as with the slot hold, but a lane is held for ``headroom`` (1.5) modelled
+    run times where the slot hold holds a slot for ``slack`` (3) of them and the margin:
+    throughput is about ``lanes / (headroom x run time)``. The real workers take the queries
+    in order as soon as they are free; a query overruns only if the real work falls behind
+    the schedule by more than the slack's room.
 
     ``work`` gets a :class:`Deadline` whose ``at`` it hands to the worker; it must return
     or raise by then, raising :class:`Overrun` when the worker did not answer in time.
@@ -355,16 +363,17 @@ class ReleaseTiming(Timing):
     """
 
     def __init__(self, model: TimingModel, rows: Mapping[str, int], interrupt: Callable[[], None], *,
-                 lanes: int = 1) -> None:
+                 lanes: int = 1, headroom: float = HEADROOM) -> None:
         super().__init__(model, rows, interrupt)
         self._lanes = [0.0] * max(1, lanes)  # when each lane is free again (time.monotonic())
+        self._headroom = headroom
         self._schedule = threading.Lock()
 
     def start(self, seconds: float) -> float:
         """When the deadline of a query whose deadline is ``seconds`` starts, arriving now:
         the first free lane's time (public: arrivals and plans only), the lane then taken
         for the modelled run time."""
-        run = self.model.run_time(seconds)
+        run = self._headroom * self.model.run_time(seconds)
         with self._schedule:
             now = time.monotonic()
             lane = min(range(len(self._lanes)), key=self._lanes.__getitem__)
@@ -420,7 +429,8 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
 
     Runs ``SELECT g, COUNT(*), AVG(x) FROM t GROUP BY g`` through the whole pipeline on two
     generated tables of ``rows`` rows and fits ``base + per_row * rows`` to the median of
-    ``repeats`` runs of each (after one warm-up run), each rounded up to a 19% step. The
+    ``repeats`` runs of each (after one warm-up run), each rounded up to a 19% step, per unit
+    of the query's work (:func:`plan_work`: 1.8 for this one, 1.15 for a plain COUNT). The
     tails are the slack's job. Takes one to two seconds on DuckDB.
     """
     policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
@@ -438,15 +448,16 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
                 for i in range(repeats + 1):  # the first run warms caches up and is not counted
                     sql = "SELECT g, COUNT(*) AS n, AVG(x) AS m FROM t GROUP BY g"
                     plan = conn.plan(sql, epsilon=1.0 - i * 1e-6)  # a new query each time
+                    work = plan_work(plan)[1]
                     started = time.perf_counter()
                     conn._answer(plan, sql)  # what a deadline covers: from the charge on
                     runs.append(time.perf_counter() - started)
-                times.append(statistics.median(runs[1:] or runs))
+                times.append(statistics.median(runs[1:] or runs) / work)
             finally:
                 conn.close()
                 synthetic.close()
     per_row = max(1e-9, (times[1] - times[0]) / (rows[1] - rows[0]))
-    base = max(1e-3, times[0] - per_row * rows[0])
+    base = max(5e-4, times[0] - per_row * rows[0])
     return TimingModel(base=_quantized(base), per_row=_quantized(per_row))
 
 
