@@ -285,3 +285,14 @@ def test_a_query_using_a_registered_udf_is_never_served_from_the_cache(memory: d
         second = conn.execute("SELECT middle(x) AS m FROM t", epsilon=1.0)
         assert (first.cached, second.cached) == (False, False)
         assert conn.budget().queries == 2
+
+
+def test_sqlites_memory_name_keeps_ledger_and_answers_in_memory(db_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ledger=":memory:"`` is SQLite's name for memory: no ``:memory:.lock`` or
+    ``:memory:.answers`` file appears in the working directory (both did)."""
+    monkeypatch.chdir(tmp_path)
+    with dpsql.connect(db_file, policy=policy(), analyst="alice", ledger=":memory:") as conn:
+        first = conn.execute(SQL)
+        assert conn.execute(SQL).fetchall() == first.fetchall()  # repeats still answered, from memory
+        assert conn._ledger.path is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.duckdb"]

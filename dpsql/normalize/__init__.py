@@ -104,6 +104,8 @@ def normalize(
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):
         raise _statement_error(sql)
     select = statements[0]
+    _refuse_table_clauses(select)
+    select = _unfold_symmetric(select)
     if top is not None and select.args.get("limit") is None:
         select.set("limit", exp.Limit(expression=exp.Literal.number(top)))
     ctx = _context(sql, policy, schema, public_query)
@@ -111,6 +113,44 @@ def normalize(
         select = step(select, ctx)
     result = Normalized(select=select, analyst_bounds=bounds)
     _apply_options(result, options, select, ctx)
+    return result
+
+
+def _refuse_table_clauses(select: exp.Select) -> None:
+    """Clauses on a FROM table that dpsql does not model. The engine's SQL is built from
+    dpsql's own nodes, so each would otherwise be silently dropped: the answer would be
+    over every row, the current version, the table's own column names."""
+    if select.find(exp.TableSample) is not None:
+        raise QueryRejected(
+            "TABLESAMPLE / USING SAMPLE is not supported: dpsql answers over all of a table's rows "
+            "(a sample would change the privacy analysis). Remove the sampling clause."
+        )
+    for table in select.find_all(exp.Table):
+        if table.args.get("when") is not None or table.args.get("version") is not None:
+            raise QueryRejected(
+                f"time travel on table {table.name!r} (AT / FOR SYSTEM_TIME) is not supported: dpsql "
+                "answers over the data version the owner serves. Remove the clause."
+            )
+        alias = table.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and alias.columns:
+            raise QueryRejected(
+                f"column alias lists on table {table.name!r} (AS {alias.name}(...)) are not supported: "
+                "use the table's own column names, or rename in the SELECT list."
+            )
+
+
+def _unfold_symmetric(select: exp.Select) -> exp.Select:
+    """``x BETWEEN SYMMETRIC a AND b`` -> ``(x BETWEEN a AND b OR x BETWEEN b AND a)``: the
+    predicate checks rebuild BETWEEN from its three parts and would drop the flag."""
+    def unfold(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Between) and node.args.get("symmetric"):
+            x, low, high = node.this, node.args["low"], node.args["high"]
+            forward = exp.Between(this=x.copy(), low=low.copy(), high=high.copy())
+            backward = exp.Between(this=x.copy(), low=high.copy(), high=low.copy())
+            return exp.Paren(this=exp.Or(this=forward, expression=backward))
+        return node
+    result = select.transform(unfold, copy=False)
+    assert isinstance(result, exp.Select)
     return result
 
 

@@ -124,8 +124,8 @@ class Ledger:
     """A persistent, concurrency-safe record of every charge against analysts' budgets.
 
     Args:
-        path: The SQLite file to use, created if missing; ``None`` keeps the ledger in
-            memory for as long as this object lives.
+        path: The SQLite file to use, created if missing; ``None`` (or SQLite's
+            ``":memory:"``) keeps the ledger in memory for as long as this object lives.
         accountant: How charges compose: an :class:`Accountant`, or a policy's name for
             one (``"basic"``, ``"pld"``; see :func:`accountant_named`);
             :class:`BasicAccountant` by default.
@@ -144,7 +144,7 @@ class Ledger:
 
     def __init__(self, path: str | os.PathLike[str] | None = None,
                  accountant: Accountant | str | None = None) -> None:
-        self.path = None if path is None else os.fspath(path)
+        self.path = None if path is None or os.fspath(path) == ":memory:" else os.fspath(path)
         if isinstance(accountant, str):
             accountant = accountant_named(accountant)
         self.accountant: Accountant = accountant if accountant is not None else BasicAccountant()
