@@ -1,7 +1,8 @@
 """The service behind every server front (Flight, Postgres): one shared engine, policy and
 ledger, a connection per analyst, deadlines always on (:mod:`dpsql.timing`) and a
-per-analyst query rate limit. With ``workers`` > 1, queries run in a pool of worker
-processes (:mod:`dpsql.workers`), one deadline slot each; explain and budget stay here."""
+per-analyst query rate limit. With ``workers`` > 1, the engine work of fresh queries runs
+in a pool of worker processes (:mod:`dpsql.workers`) and answers are held to their
+deadlines here (the release-only hold); planning, repeats, explain and budget stay here."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from dpsql.local.store import ReportStore
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.result import Result
-from dpsql.timing import ReleaseTiming, Timing, TimingModel, available_cores, calibrate, contention, table_sizes, warm_up
+from dpsql.calibration import calibrate, warm_up
+from dpsql.timing import ReleaseTiming, Timing, TimingModel, available_cores, contention, table_sizes
 from dpsql.errors import Error
 from dpsql.workers import FrontConnection, WorkerPool, WorkerSpec
 
