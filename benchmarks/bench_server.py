@@ -84,6 +84,7 @@ def main() -> int:
     parser.add_argument("--deadline-ms-per-million-rows", type=float, default=None)
     parser.add_argument("--compare", default=None, metavar="DIR",
                         help="also run a server from the dpsql code in DIR, phases interleaved with this one's")
+    parser.add_argument("--compare-workers", type=int, default=None, help="the compared server's --workers")
     parser.add_argument("--compare-deadline-base-ms", type=float, default=None,
                         help="pin the compared server's model (with the next; its formula may differ)")
     parser.add_argument("--compare-deadline-ms-per-million-rows", type=float, default=None)
@@ -112,7 +113,8 @@ def main() -> int:
                     own = folder / "policy.toml"
                     own.write_text(_bench_policy(args, args.compare_deadline_base_ms,
                                                  args.compare_deadline_ms_per_million_rows))
-                servers.append(_start_server(db, own, home / "auth.toml", folder, args.workers, code))
+                workers = args.compare_workers if name == "compared" and args.compare_workers else args.workers
+                servers.append(_start_server(db, own, home / "auth.toml", folder, workers, code))
             overhead_token = tokens.pop(f"bench{args.clients}")
             for kind, fresh in kinds:
                 network, embedded = _sequential(servers[0][1], overhead_token, db, policy,
@@ -354,7 +356,8 @@ def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
         f"deadline model {models[0]}; overruns {overruns[0]}.",
     ]
     if compared:
-        lines[-1] += (f" Compared server: code from `{sources[1]}`, deadline model {models[1]}, overruns "
+        lines[-1] += (f" Compared server: code from `{sources[1]}`, `--workers "
+                      f"{args.compare_workers or args.workers or 'default'}`, deadline model {models[1]}, overruns "
                       f"{overruns[1]}.")
     lines += [
         "",
