@@ -146,7 +146,7 @@ def test_deadlines_are_measured_on_spark(spark_session) -> None:
     from dpsql.connection import Connection
     from dpsql.policy import parse_policy
     from dpsql.spark import SparkEngine
-    from dpsql.timing import calibrate
+    from dpsql.calibration import calibrate
 
     frame = spark_session.createDataFrame([(u, "north" if u % 4 else "south", float(u % 50)) for u in range(UNITS)],
                                           "user_id BIGINT, region STRING, income DOUBLE")
