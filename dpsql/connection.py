@@ -379,7 +379,7 @@ class Connection:
             raise QueryFailed()
         try:
             if bias_share is not None:
-                return self._execute_with_bias(plan, sql, bias_share, late)
+                return self._execute_with_bias(plan, sql, late)  # the share is the plan's
             return self._answer(plan, sql, late)
         finally:
             self._reader.forget()  # the plan came from elsewhere: never asked again here

@@ -227,11 +227,10 @@ class FrontConnection(Connection):
             return super()._answer(plan, sql)
         return self._pool.run(self.analyst, plan, sql, _deadline_of(late))
 
-    def _execute_with_bias(self, plan: QueryPlan, sql: str, share: float,
-                           late: threading.Event | None = None) -> Result:
+    def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
         if late is None:
             raise QueryFailed()  # never: the front always has deadlines
-        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), share=share)
+        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), share=plan.bias_epsilon)
 
     def _fresh(self, plan: QueryPlan, sql: str, charge: Any, late: threading.Event | None = None) -> Released:
         # Reached only when a stored answer vanished between execute's look and the repeat
