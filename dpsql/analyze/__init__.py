@@ -16,7 +16,8 @@ noise, on noisy values. Everything else is refused before any data is read.
 :class:`~dpsql.analyze.context.Context` (each pass a function you can test alone, the way
 sqlglot's optimizer lists its rules): the budget (:mod:`~dpsql.analyze.budget`), parsing
 (:mod:`~dpsql.analyze.parse`), the clauses (:mod:`~dpsql.analyze.clauses`), the tables
-(:mod:`~dpsql.analyze.scope`), the group keys (:mod:`~dpsql.analyze.keys`), the row-level
+(:mod:`~dpsql.analyze.sources`, :mod:`~dpsql.analyze.joins`, :mod:`~dpsql.analyze.derived`,
+into a :mod:`~dpsql.analyze.scope`), the group keys (:mod:`~dpsql.analyze.keys`), the row-level
 conditions (:mod:`~dpsql.analyze.predicates`), the outputs and their aggregates
 (:mod:`~dpsql.analyze.outputs`), and finally the split of the budget and the calibration of
 every measurement (:mod:`~dpsql.analyze.calibrate`).
@@ -36,7 +37,8 @@ from dpsql.analyze.context import Context, PublicRows, PublicValues
 from dpsql.analyze.keys import _effective_l0, _plan_group_keys
 from dpsql.analyze.outputs import _plan_output
 from dpsql.analyze.parse import parse_select, reject
-from dpsql.analyze.scope import build_scope, resolve
+from dpsql.analyze.scope import resolve
+from dpsql.analyze.sources import build_scope
 from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
 from dpsql.normalize import Normalized, normalize, query_budget
 from dpsql.plan import QueryPlan, UDFSpec
@@ -113,7 +115,7 @@ def check_clauses(ctx: Context) -> None:
 
 
 def scope(ctx: Context) -> None:
-    """Pass: the tables of FROM and JOIN, each a policy table (:mod:`dpsql.analyze.scope`)."""
+    """Pass: the tables of FROM and JOIN, each a policy table (:mod:`dpsql.analyze.sources`)."""
     ctx.scope, ctx.pending = build_scope(ctx.sql, ctx.select, ctx.policy, ctx.schema)
 
 

@@ -62,11 +62,11 @@ from dpsql.plan import Measurement, QueryPlan
 from dpsql.privacy.events import LaplaceEvent
 from dpsql.result import Result
 from dpsql.rewrite import (  # the query's own FROM, joins, WHERE and columns
-    _col,
     _row_id,
     _rows,
     _unit,
 )
+from dpsql.rewrite_nodes import column as _col
 
 __all__ = [
     "BIAS_SHARE",
