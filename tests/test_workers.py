@@ -75,6 +75,7 @@ def _side_by_side(service: Service, jobs: list[tuple[str, str]]) -> tuple[float,
     return time.monotonic() - start, out
 
 
+@pytest.mark.multiprocess
 def test_two_workers_answer_fresh_queries_side_by_side_each_at_its_deadline(service: Service) -> None:
     assert service.pool is not None and service.pool.size == 2
     elapsed, out = _side_by_side(service, [("w1", f"SELECT COUNT(*) AS n{i} FROM visits") for i in range(4)])
@@ -88,6 +89,7 @@ def test_two_workers_answer_fresh_queries_side_by_side_each_at_its_deadline(serv
     assert service.budget("w1").queries == 4
 
 
+@pytest.mark.multiprocess
 def test_repeats_are_answered_in_the_front_without_a_worker(service: Service, monkeypatch) -> None:
     sql = "SELECT COUNT(*) AS r FROM visits"
     took, first = _timed(service, "w6", sql)
@@ -111,6 +113,7 @@ def _charged(service: Service, analyst: str, queries: int) -> bool:
     return service.budget(analyst).queries == queries
 
 
+@pytest.mark.multiprocess
 def test_a_query_that_waits_past_its_deadline_fails_at_the_deadline_and_is_charged(service: Service) -> None:
     # Both workers busy (taken out of the pool here) for longer than the deadline: the
     # query waits in the queue, is answered QueryFailed at its deadline (not when a worker
@@ -129,6 +132,7 @@ def test_a_query_that_waits_past_its_deadline_fails_at_the_deadline_and_is_charg
     assert _charged(service, "w7", 1)
 
 
+@pytest.mark.multiprocess
 def test_a_worker_finding_its_deadline_passed_charges_and_releases_nothing(service: Service) -> None:
     pool = service.pool
     assert pool is not None
@@ -141,6 +145,7 @@ def test_a_worker_finding_its_deadline_passed_charges_and_releases_nothing(servi
     assert not conn.is_repeat(plan, sql)  # nothing stored: the next ask pays again
 
 
+@pytest.mark.multiprocess
 def test_refusals_come_back_as_they_are_and_at_once(service: Service) -> None:
     took, err = _timed(service, "w2", "SELECT ssn FROM visits")
     assert isinstance(err, dpsql.PolicyViolation) and "ssn" in str(err)
@@ -150,6 +155,7 @@ def test_refusals_come_back_as_they_are_and_at_once(service: Service) -> None:
     assert service.budget("w2").queries == 0
 
 
+@pytest.mark.multiprocess
 def test_the_same_new_query_in_two_workers_is_paid_once(service: Service) -> None:
     sql = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
     _, out = _side_by_side(service, [("w3", sql), ("w3", sql)])
@@ -160,6 +166,7 @@ def test_the_same_new_query_in_two_workers_is_paid_once(service: Service) -> Non
     assert service.budget("w3").queries == 1
 
 
+@pytest.mark.multiprocess
 def test_a_dead_worker_is_replaced_and_its_query_fails(service: Service) -> None:
     assert service.pool is not None
     victim = service.pool._idle.queue[0].process  # the next worker a query takes
@@ -173,6 +180,7 @@ def test_a_dead_worker_is_replaced_and_its_query_fails(service: Service) -> None
     assert service.pool.size == 2 and all(w.process.is_alive() for w in service.pool._idle.queue)
 
 
+@pytest.mark.multiprocess
 def test_a_worker_that_dies_at_once_is_still_answered_at_the_deadline(service: Service, monkeypatch) -> None:
     # However early a worker dies (a crash on one person's row would be early), the analyst
     # learns it at the query's deadline: replacing the worker's start-up time is not enough.
