@@ -165,23 +165,9 @@ def test_every_stage_is_there() -> None:
             assert any(m == prefix or m.startswith(prefix + ".") for m in MODULES), (name, prefix)
 
 
-#: Modules allowed over :data:`MAX_LINES` for now, each with its reason (keep this short).
-LONG_MODULES: dict[str, str] = {
-    "dpsql.server": "changed by the server's work of issue 16 this session: split it once that lands",
-}
-
-
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_is_long(module: str) -> None:
     """No module of ``dpsql/`` over ~500 lines: split a longer one by meaning, so that a
     newcomer finds each step by its file name (issue 13)."""
     lines = len(MODULES[module].read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES or module in LONG_MODULES, (
-        f"{module} has {lines} lines (at most {MAX_LINES}): split it by meaning")
-
-
-def test_long_modules_are_still_long() -> None:
-    """The allow-list only shrinks: a module split since is taken off it."""
-    short = [m for m in LONG_MODULES
-             if m not in MODULES or len(MODULES[m].read_text(encoding="utf-8").splitlines()) <= MAX_LINES]
-    assert not short, f"{short} are no longer over {MAX_LINES} lines: remove them from LONG_MODULES"
+    assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}): split it by meaning"
