@@ -366,20 +366,20 @@ class Connection:
         return attach(result, plan, estimate, self._post.carry(plan, per_group, names), charge.epsilon)
 
     def answer_plan(self, plan: QueryPlan, sql: str, late: threading.Event | None = None, *,
-                    bias_share: float | None = None) -> Result:
+                    bias: bool = False) -> Result:
         """The charge, read and release of :meth:`execute` for a plan that a Connection of the
         same analyst, policy and database made (a server's front, :mod:`dpsql.workers`):
         no planning, no hold (``late``: the deadline, :meth:`dpsql.timing.Timing.run_until`),
-        nothing of the plan kept. ``bias_share``: the bias estimate's share, as ``execute(bias=True)``."""
+        nothing of the plan kept. ``bias``: with the bias estimates, as ``execute(bias=True)``."""
         self._check_open()
-        if late is not None and late.is_set() and bias_share is None:
+        if late is not None and late.is_set():
             # It waited past its deadline (the analyst has QueryFailed already): charged as an
             # overrun is, and nothing read, so a backlog costs the workers little.
             self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge_of(plan, sql))
             raise QueryFailed()
         try:
-            if bias_share is not None:
-                return self._execute_with_bias(plan, sql, late)  # the share is the plan's
+            if bias:
+                return self._execute_with_bias(plan, sql, late)
             return self._answer(plan, sql, late)
         finally:
             self._reader.forget()  # the plan came from elsewhere: never asked again here

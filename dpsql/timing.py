@@ -133,12 +133,10 @@ HEADROOM = 1.5
 
 @dataclass(frozen=True)
 class TimingModel:
-    """How long a query may take: ``slack * contention * work * (base + per_row * rows) + margin``.
+    """How long a query may take: ``slack * contention * (base + per_row * rows * work) + margin``.
 
     Attributes:
-        base: seconds one pass's worth of query (``work`` 1, :func:`plan_work`) costs whatever
-            its size (the bounded SQL, the charge, noise, the repeat store); a query with more
-            aggregates, keys or joins costs more of it as well as more per row.
+        base: seconds a query costs whatever its size (planning, SQL, noise, ledger).
         per_row: seconds per row of one bounded pass, on this machine.
         slack: how much slower than the model a run may be before it counts as an overrun.
         margin: seconds added to every deadline (scheduler jitter, a loaded machine).
@@ -151,14 +149,14 @@ class TimingModel:
     base: float
     per_row: float
     slack: float = 3.0
-    margin: float = 0.005
+    margin: float = 0.02
     fixed: float | None = None
     contention: float = 1.0
 
     def seconds(self, rows: float, work: float) -> float:
         if self.fixed is not None:
             return self.fixed
-        return self.slack * self.contention * work * (self.base + self.per_row * rows) + self.margin
+        return self.slack * self.contention * (self.base + self.per_row * rows * work) + self.margin
 
     def run_time(self, seconds: float) -> float:
         """The modelled run time of a query whose deadline is ``seconds``: the deadline

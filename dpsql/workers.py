@@ -116,7 +116,7 @@ class WorkerPool:
         for worker in workers:
             self._idle.put(worker)
 
-    def run(self, analyst: str, plan: QueryPlan, sql: str, at: float, *, share: float | None = None) -> Result:
+    def run(self, analyst: str, plan: QueryPlan, sql: str, at: float, *, bias: bool = False) -> Result:
         """Charge, read and release ``plan`` (planned by ``analyst``'s Connection in the front)
         in the first free worker, with its deadline at ``at`` (``time.monotonic()``).
 
@@ -126,7 +126,7 @@ class WorkerPool:
             WorkerDied: the worker died; another is started.
             Error: the worker's refusal or failure, as it is.
         """
-        message = (analyst, plan, sql, at, share)
+        message = (analyst, plan, sql, at, bias)
         try:
             worker = self._idle.get(timeout=max(0.0, at - time.monotonic()))
         except queue.Empty:  # waited past the deadline behind other queries
@@ -230,7 +230,7 @@ class FrontConnection(Connection):
     def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
         if late is None:
             raise QueryFailed()  # never: the front always has deadlines
-        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), share=plan.bias_epsilon)
+        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), bias=True)
 
     def _fresh(self, plan: QueryPlan, sql: str, charge: Any, late: threading.Event | None = None) -> Released:
         # Reached only when a stored answer vanished between execute's look and the repeat
@@ -319,11 +319,11 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
 
 
 def _answer(service: Any, analyst: str, plan: QueryPlan, sql: str, at: float,
-            share: float | None) -> tuple[str, object]:
+            bias: bool) -> tuple[str, object]:
     """One query's engine work, its deadline armed at ``at``: charge, read, release."""
     try:
         conn = service.connection(analyst)
-        result = service.timing.run_until(lambda late: conn.answer_plan(plan, sql, late, bias_share=share), at)
+        result = service.timing.run_until(lambda late: conn.answer_plan(plan, sql, late, bias=bias), at)
         return "ok", result
     except Error as exc:
         return "error", exc.with_traceback(None)
