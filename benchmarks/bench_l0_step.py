@@ -1,0 +1,127 @@
+"""The L0 cap's step (each unit's groups of smallest keyed hash) in other forms, timed
+interleaved against the floor (issue 16; measurements behind RESULTS.md's h16sql2 section).
+
+The shape is ``GROUP BY region, device`` (12 listed pairs; a unit is in up to 16 groups, the
+cap is 4) on the 10M-row demo. Every variant is the bounded query dpsql writes for it
+(checked: same exact answer as dpsql's own text with the same salt), with the step written
+another way; "no L0 step" drops it (not a valid bounded query: the cost of the rest).
+
+    python benchmarks/bench_l0_step.py --repeat 3
+    python benchmarks/bench_l0_step.py --variants "join (dpsql),window" --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = Path(__file__).resolve().parent / "data" / "visits_10000000x200000.duckdb"
+SALT = 123456789
+PARAMS = {"salt2": SALT, "k0": ["north", "south", "east", "west"], "k1": ["mobile", "desktop", "tablet"]}
+
+FLOOR = ("SELECT region, device, sum(n), sum(s), sum(s) / sum(c) FROM (SELECT user_id, region, device, "
+         "count(*) AS n, sum(income) AS s, count(income) AS c FROM visits GROUP BY ALL) GROUP BY region, device")
+ROWS = ("SELECT user_id AS __u, region AS __g0, device AS __g1, CASE WHEN NOT income IS NULL AND NOT "
+        "ISNAN(CAST(income AS DOUBLE)) THEN CAST(ROUND(LEAST(GREATEST(CAST(income AS DOUBLE), CAST(0.0 AS DOUBLE)), "
+        "CAST(250000.0 AS DOUBLE)) * CAST(4194304.0 AS DOUBLE)) AS BIGINT) END AS __v0 FROM visits")
+_M1 = "CAST(SUM(__v0) AS INT128)"
+_M2 = "(CAST(SUM(__v0) AS INT128) * 2 - 1048576000000 * CAST(COUNT(__v0) AS INT128))"
+PAIRS = (f"SELECT __u, __g0, __g1, LEAST(COUNT(*), 10) AS __m0, "
+         f"CASE WHEN COUNT(__v0) > 10 THEN {_M1} * 10 // COUNT(__v0) ELSE {_M1} END AS __m1, "
+         f"CASE WHEN COUNT(__v0) > 10 THEN {_M2} * 10 // COUNT(__v0) ELSE {_M2} END AS __m2, "
+         f"LEAST(COUNT(__v0), 10) AS __m3 FROM ({ROWS}) AS __rows GROUP BY __u, __g0, __g1 "
+         "HAVING __g0 IN (SELECT UNNEST(CAST($k0 AS TEXT[]))) AND __g1 IN (SELECT UNNEST(CAST($k1 AS TEXT[])))")
+H = "HASH(XOR(HASH(__u, __g0, __g1), CAST($salt2 AS UBIGINT)))"
+_SAT = "CAST(LEAST(GREATEST({}, -4611686018427387904), 4611686018427387904) AS BIGINT)"
+FINAL = ("SELECT __g0, __g1, " + _SAT.format("COALESCE(SUM(__m0), 0)") + " AS __m0, "
+         + _SAT.format("CAST(COALESCE(SUM(__m1), 0) AS INT128) >> 31") + " AS __m1, "
+         + _SAT.format("CAST(COALESCE(SUM(__m2), 0) AS INT128) >> 31") + " AS __m2, "
+         + _SAT.format("COALESCE(SUM(__m3), 0)") + " AS __m3 FROM ({}) AS __src GROUP BY __g0, __g1")
+_KEEP = "LEN(__l) <= 4 OR __ph.__h < __l[4] OR (__ph.__h = __l[4] AND __l[5] <> __l[4])"
+
+
+def _join(pairs: str = PAIRS, top: str = "MIN(__h, 5)", cte: str = "") -> str:
+    return (f"WITH __ph AS {cte}(SELECT *, {H} AS __h FROM ({pairs}) AS __pairs) SELECT __ph.* FROM __ph "
+            f"JOIN (SELECT __u AS __lu, {top} AS __l FROM __ph GROUP BY __u) AS __thr ON __ph.__u = __thr.__lu "
+            f"WHERE {_KEEP}")
+
+
+_PAIRS64 = PAIRS.replace(f"ELSE {_M1} END", f"ELSE {_M1} END::BIGINT").replace(f"ELSE {_M2} END", f"ELSE {_M2} END::BIGINT")
+VARIANTS = {
+    "floor": FLOOR,
+    "join (dpsql)": FINAL.format(_join()),
+    "no L0 step": FINAL.format(PAIRS),
+    "window row_number": FINAL.format(f"SELECT *, {H} AS __h FROM ({PAIRS}) QUALIFY row_number() OVER "
+                                      "(PARTITION BY __u ORDER BY __h) <= 4"),
+    "min_by list + unnest": FINAL.format(
+        "SELECT (e).__g0 AS __g0, (e).__g1 AS __g1, (e).__m0 AS __m0, (e).__m1 AS __m1, (e).__m2 AS __m2, "
+        "(e).__m3 AS __m3 FROM (SELECT UNNEST(list_filter(__l[1:4], lambda x: len(__l) <= 4 OR x.__h < __l[4].__h "
+        "OR __l[5].__h <> __l[4].__h)) AS e FROM (SELECT MIN_BY(struct_pack(__g0, __g1, __m0, __m1, __m2, __m3, "
+        f"__h), __h, 5) AS __l FROM (SELECT *, {H} AS __h FROM ({PAIRS})) GROUP BY __u))"),
+    "join, list_sort(list(h))": FINAL.format(_join(top="list_sort(list(__h))")),
+    "join, BIGINT pair sums": FINAL.format(_join(_PAIRS64)),
+    "join, NOT MATERIALIZED": FINAL.format(_join(cte="NOT MATERIALIZED ")),
+}
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)  # DuckDB's threads included
+    return r.ru_utime + r.ru_stime
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; floor is always run")
+    args = parser.parse_args(argv)
+    chosen = {"floor": FLOOR, **{k: VARIANTS[k] for k in args.variants.split(",") if k != "floor"}}
+    con = duckdb.connect(str(DATA), read_only=True)
+    con.execute("SET enable_progress_bar = false")
+    _check(con, chosen)
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in chosen}
+    load = [__import__("os").getloadavg()[0]]
+    for round_ in range(args.repeat + 1):
+        for name, sql in chosen.items():
+            params = {k: v for k, v in PARAMS.items() if "$" + k in sql}
+            w, c = time.perf_counter(), _cpu()
+            con.sql(sql, params=params or None).fetchall()
+            if round_:
+                times[name].append((time.perf_counter() - w, _cpu() - c))
+        load.append(__import__("os").getloadavg()[0])
+    base = [statistics.median(x[i] for x in times["floor"]) for i in (0, 1)]
+    print(f"| variant (GROUP BY region, device, 10M rows; median of {args.repeat}; load {min(load):.1f}-{max(load):.1f}) "
+          "| wall s | / floor | CPU s | / floor |\n|---|---:|---:|---:|---:|")
+    for name, xs in times.items():
+        w, c = (statistics.median(x[i] for x in xs) for i in (0, 1))
+        print(f"| {name} | {w:.3f} | {w / base[0]:.2f}x | {c:.3f} | {c / base[1]:.2f}x |")
+    return 0
+
+
+def _check(con: duckdb.DuckDBPyConnection, chosen: dict[str, str]) -> None:
+    """Every variant but "no L0 step" answers what dpsql's own bounded query answers."""
+    import dpsql  # noqa: PLC0415
+    from dpsql.rewrite import bounded_query  # noqa: PLC0415
+
+    with dpsql.connect(str(DATA), policy=str(ROOT / "policies" / "demo.toml"), ledger=None) as conn:
+        plan = conn.plan("SELECT region, device, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region, device",
+                         epsilon=0.1)
+        bounded = bounded_query(plan, salt=None, list_parameters=True)
+        text = bounded.query.sql(dialect="duckdb").replace('"dpsql_data"."main".', "")
+        want = sorted(con.sql(text, params={**bounded.lists, "salt2": SALT}).fetchall(), key=repr)
+    for name, sql in chosen.items():
+        if name in ("floor", "no L0 step"):
+            continue
+        got = sorted(con.sql(sql, params={k: v for k, v in PARAMS.items() if "$" + k in sql}).fetchall(), key=repr)
+        assert got == want, f"{name} answers differently from dpsql's bounded query"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
