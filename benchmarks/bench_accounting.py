@@ -1,7 +1,7 @@
 """How many queries does one budget answer, under basic composition and under PLDs?
 
 Each query shape is a :class:`dpsql.privacy.Charge` built exactly as the pipeline builds
-it (``dpsql.analyze.calibrate.calibrate`` then ``Measurement.describe()``), charged against an
+it (``dpsql.analyze.calibrate.calibrate`` then ``dpsql.privacy.events.describe``), charged against an
 in-memory :class:`dpsql.privacy.Ledger` until the ledger refuses. Shapes:
 
 - ``gaussian count``: ``SELECT COUNT(*)`` at (0.1, 1e-8): one Gaussian measurement;
@@ -37,6 +37,7 @@ from dpsql.privacy import Charge, Ledger  # noqa: E402
 from dpsql.analyze.calibrate import MeasurementSpec, calibrate  # noqa: E402
 from dpsql.errors import BudgetExceeded  # noqa: E402
 from dpsql.noise import gdp_delta  # noqa: E402
+from dpsql.privacy.events import describe  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def query_charge(epsilon: float, delta: float, measurements: int = 1) -> Charge:
     """A charge as the pipeline makes it for a query with ``measurements`` counts."""
     specs = [MeasurementSpec(f"__m{i}", "count_rows") for i in range(measurements)]
     planned = calibrate(specs, epsilon=epsilon, delta=delta, l0=1, max_rows=1)
-    return Charge(epsilon, delta, "SELECT ...", tuple(m.describe() for m in planned))
+    return Charge(epsilon, delta, "SELECT ...", tuple(describe(m) for m in planned))
 
 
 GAUSSIAN = query_charge(0.1, 1e-8)

@@ -279,16 +279,17 @@ def _column_figures(src: _Source, column: str, bounds: tuple[float, float], r: i
 def _noise(r: int, bounds: Mapping[str, tuple[float, float]], epsilon: float) -> dict[str, float]:
     """95% half-widths of COUNT(*) and SUM(col), each alone, ungrouped, at ``epsilon``."""
     from dpsql.analyze.calibrate import MeasurementSpec, calibrate
+    from dpsql.noise import half_width
 
     out: dict[str, float] = {}
     (count,) = calibrate([MeasurementSpec("n", "count_rows")], epsilon=epsilon, delta=0.0, l0=1, max_rows=r)
     # whole, as the release shows it (a whole count covers within the rounded-up half-width)
-    hw = float(count.half_width(0.95))
+    hw = half_width(count, 0.95)
     out["COUNT(*)"] = float(math.ceil(hw)) if count.shift < 0 else hw
     for column, b in bounds.items():
         spec = MeasurementSpec("s", "sum", column, (float(b[0]), float(b[1])))
         (total,) = calibrate([spec], epsilon=epsilon, delta=0.0, l0=1, max_rows=r)
-        out[f"SUM({column})"] = float(total.half_width(0.95))
+        out[f"SUM({column})"] = half_width(total, 0.95)
     return out
 
 

@@ -61,7 +61,7 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema
-from dpsql.release.bias import DEADLINE_FACTOR, attach, bias_mechanisms, bias_split, estimate_bias
+from dpsql.release.bias import DEADLINE_FACTOR, attach, estimate_bias
 from dpsql.release.clamp import clamp_result
 from dpsql.result import Result
 from dpsql.read import Reader
@@ -134,7 +134,7 @@ class Connection:
         self._closed = False
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
-        self._plans: dict[tuple[str, float | None, float | None, str | None], QueryPlan] = {}
+        self._plans: dict[tuple[str, float | None, float | None, str | None, bool], QueryPlan] = {}
         self._reader = Reader(engine, noise_source)
         self._answers: RepeatCache | None = None
         self._timing = timing
@@ -165,17 +165,18 @@ class Connection:
         return plan
 
     def _query(self, sql: str, epsilon: float | None, delta: float | None, dialect: str | None, *,
-               public: bool) -> QueryPlan | exp.Select:
-        """The plan of ``sql`` (remembered per SQL text, requested epsilon and delta, and
-        dialect: a remembered plan passed every check), or with ``public``, the normalized
-        query when it reads public tables only. The SQL is read once here; epsilon and
-        delta are checked once, by the analyzer."""
+               public: bool, bias: bool = False) -> QueryPlan | exp.Select:
+        """The plan of ``sql`` (remembered per SQL text, requested epsilon and delta,
+        dialect and ``bias``: a remembered plan passed every check), or with ``public``, the
+        normalized query when it reads public tables only. The SQL is read once here;
+        epsilon and delta are checked and split once, by the analyzer (with ``bias``, the
+        bias estimates' share too)."""
         self._check_open()
         dialect = dialect or self._dialect
         # a remembered plan is found only by values the analyzer accepted (any other is
         # refused by it, and may not even be hashable)
         plain = all(v is None or type(v) in (int, float) for v in (epsilon, delta))
-        key = (sql, epsilon, delta, dialect) if isinstance(sql, str) and plain else None
+        key = (sql, epsilon, delta, dialect, bias) if isinstance(sql, str) and plain else None
         cached = self._plans.get(key) if key is not None else None
         if cached is not None:
             return cached
@@ -183,7 +184,7 @@ class Connection:
         select = normalized.select if normalized is not None else None
         if public and select is not None and public_only(select, self._policy, self._engine.schema()):
             return select
-        plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=normalized)
+        plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=normalized, bias=bias)
         if key is not None:
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.pop(next(iter(self._plans)))
@@ -200,12 +201,10 @@ class Connection:
             return None
 
     def _analyze(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
-                 dialect: str | None = None, normalized: Normalized | None = None) -> QueryPlan:
-        plan = bind(analyze(
-            sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
-            public_values=self._public_values, udfs=self._udfs, dialect=dialect, public_rows=self._public_rows,
-            normalized=normalized,
-        ), self._engine)
+                 dialect: str | None = None, normalized: Normalized | None = None, bias: bool = False) -> QueryPlan:
+        """Analyze and bind ``sql``, then the refusals post-processing and the release
+        would make, before any charge."""
+        plan = self._bound_plan(sql, epsilon, delta, dialect, normalized=normalized, bias=bias)
         self._post.check(plan, noisy_schema(plan))
         for release in plan.value_releases:  # refusals the release would make: before the charge
             check_strategy(release.target, plan.delta)  # type: ignore[arg-type]
@@ -283,14 +282,19 @@ class Connection:
             self._policy.max_epsilon_per_query, count=count, mean=mean,
         )
 
+    def _bound_plan(self, sql: str, epsilon: float | None, delta: float | None, dialect: str | None, *,
+                    normalized: Normalized | None = None, bias: bool = False) -> QueryPlan:
+        """``analyze`` then ``bind``: the one place a plan is made (no data, no charge)."""
+        return bind(analyze(
+            sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
+            public_values=self._public_values, udfs=self._udfs, dialect=dialect, public_rows=self._public_rows,
+            normalized=normalized, bias=bias,
+        ), self._engine)
+
     def _replan(self, sql: str, epsilon: float, delta: float, dialect: str | None = None) -> QueryPlan:
         """Plan an already-checked query at another epsilon (pure: no data, no charge)."""
         self._check_open()
-        return bind(analyze(
-            _without_options(sql), self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
-            public_values=self._public_values, udfs=self._udfs, dialect=dialect or self._dialect,
-            public_rows=self._public_rows,
-        ), self._engine)
+        return self._bound_plan(_without_options(sql), epsilon, delta, dialect or self._dialect)
 
     def execute(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
                 clamp_counts: bool = False,
@@ -318,19 +322,17 @@ class Connection:
         if references_local_table(sql, self._policy):  # local DP: post-processing, no charge
             self._check_open()
             return answer_local(sql, self._policy, self._reports)
-        share = 0.0
-        if bias:  # the estimate takes its share of the query's epsilon
-            epsilon, share = bias_split(self._policy.default_epsilon if epsilon is None else epsilon)
-        plan = self._query(sql, epsilon, delta, dialect, public=True)  # analyze: every refusal, no data read
+        # analyze: every refusal, no data read; with bias, the estimates' share of epsilon is set aside
+        plan = self._query(sql, epsilon, delta, dialect, public=True, bias=bias)
         if not isinstance(plan, QueryPlan):  # only public tables: exact, free
             return public_result(plan, self._engine, sql)
         if not plan.measurements and plan.selection is None and not plan.value_releases:
             return listed_keys_result(plan, self._post, sql)  # keys the policy lists: free
         timing = self._timing
         if bias and timing is None:
-            result = self._execute_with_bias(plan, sql, share)
+            result = self._execute_with_bias(plan, sql)
         elif bias and timing is not None:  # a second pass over the same rows, grouped as the query's
-            result = timing.hold(lambda late: self._execute_with_bias(plan, sql, share, late),
+            result = timing.hold(lambda late: self._execute_with_bias(plan, sql, late),
                                  DEADLINE_FACTOR * timing.deadline(plan))
         elif self._timing is None or self.is_repeat(plan, sql):
             result = self._answer(plan, sql)
@@ -338,13 +340,12 @@ class Connection:
             result = self._timing.hold(lambda late: self._answer(plan, sql, late), self._timing.deadline(plan))
         return clamp_result(result, plan) if clamp_counts else result
 
-    def _execute_with_bias(self, plan: QueryPlan, sql: str, share: float,
-                           late: threading.Event | None = None) -> Result:
-        """The query at ``1 - BIAS_SHARE`` of the epsilon asked and the bias estimates at the
-        rest, ``share`` (:mod:`dpsql.release.bias`): one charge for both, before any data is
-        read, and both reads inside the deadline; no repeat store."""
-        base = charge_of(plan, sql)
-        charge = Charge(base.epsilon + share, base.delta, sql, (*base.events, *bias_mechanisms(plan, share)))
+    def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
+        """The query at ``plan.epsilon`` and the bias estimates at ``plan.bias_epsilon``
+        (the analyzer's split, :mod:`dpsql.release.bias`): one charge for both, before any
+        data is read, and both reads inside the deadline; no repeat store."""
+        share = plan.bias_epsilon
+        charge = charge_of(plan, sql)
         self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)
         noisy, values = self._reader.read(plan, late)
         try:

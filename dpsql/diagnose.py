@@ -44,6 +44,7 @@ __all__ = [
     "span",
     "syntax_message",
     "underline",
+    "with_article",
 ]
 
 DIALECT = "duckdb"
@@ -151,6 +152,11 @@ def edit_distance(a: str, b: str) -> int:
                 current[j] = min(current[j], previous2[j - 2] + 1)
         previous2, previous = previous, current
     return previous[-1]
+
+
+def with_article(noun: str) -> str:
+    """``noun`` with its indefinite article (``with_article("INTEGER")`` is ``"an INTEGER"``)."""
+    return f"{'an' if noun[:1].upper() in 'AEIOU' else 'a'} {noun}"
 
 
 def did_you_mean(name: str, allowed: Iterable[str]) -> str:

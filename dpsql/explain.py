@@ -58,6 +58,7 @@ import numpy as np
 import sqlglot.expressions as exp
 
 from dpsql.privacy import Charge
+from dpsql.privacy.events import describe
 from dpsql.errors import Error
 from dpsql.plan import Aggregate, QueryPlan
 from dpsql.release.aggregates import average_half_width, count_half_width, half_width
@@ -168,10 +169,10 @@ class Explanation:
         self.mechanism = plan.mechanism
         self.composition = composition
         self.bounded_sql = bounded_sql
-        self.mechanisms = {m.name: m.describe() for m in plan.measurements}
+        self.mechanisms = {m.name: describe(m) for m in plan.measurements}
         selection = getattr(plan, "selection", None)
         if selection is not None:
-            self.mechanisms[selection.name] = selection.describe()
+            self.mechanisms[selection.name] = describe(selection)
         self.privacy = privacy
         self.columns = _column_explanations(plan, self.privacy)
         self.accuracy = {
@@ -216,12 +217,12 @@ class Explanation:
     def bias_text(self) -> list[str]:
         """What ``execute(sql, bias=True)`` would add (:mod:`dpsql.release.bias`): known from
         the plan alone, like every half-width here."""
-        from dpsql.release.bias import BIAS_SHARE, quantities  # the bias module reads through the rewrite
+        from dpsql.release.bias import bias_split, quantities  # the bias module reads through the rewrite
 
         if not self.plan.measurements and not self.plan.value_releases:
             return []
-        share = self.epsilon * BIAS_SHARE
-        lines = [f"with bias=True: the query runs at epsilon={self.epsilon - share:g} and epsilon={share:g} buys, "
+        query, share = bias_split(self.epsilon)
+        lines = [f"with bias=True: the query runs at epsilon={query:g} and epsilon={share:g} buys, "
                  "per cell, noisy counts of what bounding loses (95% half-widths):"]
         for q in quantities(self.plan, share):
             what = ("rows dropped by the caps" if q.bounds is None

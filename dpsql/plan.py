@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import sqlglot.expressions as exp
 
@@ -35,28 +35,34 @@ Strategy = Literal["auto", "ptr", "smooth", "sample_and_aggregate"]
 DEFAULT_TIME_LIMIT = 0.1
 
 
-class Noise(Protocol):
-    """The noise a measurement carries, as plain parameters in release-lattice units
-    (:class:`~dpsql.noise.DiscreteLaplace` or :class:`~dpsql.noise.DiscreteGaussian`)."""
+@dataclass(frozen=True)
+class LaplaceParams:
+    """Discrete Laplace noise, as the exact integers its sampler takes, in release-lattice
+    units: ``P(z)`` proportional to ``exp(-|z| s / t)`` (scale ``t / s``).
 
-    @property
-    def name(self) -> str: ...
+    Plain data (hashable, JSON-able with :func:`dataclasses.asdict`); the sampler, its
+    standard deviation and quantiles come from :mod:`dpsql.noise` (``sampler(params)``).
+    """
 
-    @property
-    def std(self) -> float: ...
-
-    def quantile_abs(self, confidence: float = 0.95) -> float: ...
-
-    def sample(self, n: int, source: Any = None) -> Any: ...
-
-    def __hash__(self) -> int: ...  # noises are frozen values (release caches their quantiles)
+    t: int
+    s: int
+    kind: Literal["laplace"] = field(default="laplace", init=False)
 
 
-class LaplaceNoise(Noise, Protocol):
-    """Discrete Laplace noise, which also has a ``scale`` (partition selection)."""
+@dataclass(frozen=True)
+class GaussianParams:
+    """Discrete Gaussian noise, as the exact integers its sampler takes, in release-lattice
+    units: ``P(z)`` proportional to ``exp(-z^2 / (2 t m))`` (``sigma^2 = t m``; ``t`` is
+    the Laplace scale the sampler proposes from). Plain data, like :class:`LaplaceParams`.
+    """
 
-    @property
-    def scale(self) -> float: ...
+    t: int
+    m: int
+    kind: Literal["gaussian"] = field(default="gaussian", init=False)
+
+
+#: The noise a measurement carries: plain parameters, told apart by ``kind``.
+NoiseParams = LaplaceParams | GaussianParams
 
 
 MeasurementKind = Literal[
@@ -72,8 +78,11 @@ SOURCE_ALIAS = "__t"
 __all__ = [
     "SOURCE_ALIAS",
     "Aggregate",
+    "GaussianParams",
     "GroupKey",
+    "LaplaceParams",
     "Measurement",
+    "NoiseParams",
     "QueryPlan",
     "Selection",
     "Source",
@@ -151,7 +160,8 @@ class Measurement:
         group_bound: the largest change one unit makes to one group's exact sum.
         shift: bits dropped (floored) before the noise.
         group_sensitivity: ``ceil(group_bound / 2**shift)``, in release-lattice units.
-        noise: the calibrated noise, in release-lattice units.
+        noise: the calibrated noise's parameters, in release-lattice units (its standard
+            deviation and quantiles: ``dpsql.noise.noise_std(m)``, ``half_width(m)``).
         epsilon: this measurement's share of epsilon (Laplace), for reporting.
         mu: this measurement's Gaussian-DP mu (Gaussian), for reporting.
         source: the canonical alias of the table ``column`` belongs to.
@@ -172,7 +182,7 @@ class Measurement:
     group_bound: int
     shift: int
     group_sensitivity: int
-    noise: Noise
+    noise: NoiseParams
     epsilon: float = 0.0
     mu: float = 0.0
     source: str = SOURCE_ALIAS
@@ -187,31 +197,7 @@ class Measurement:
 
     @property
     def mechanism(self) -> str:
-        return self.noise.name
-
-    @property
-    def noise_std(self) -> float:
-        """Standard deviation of the noise in the column's own units."""
-        return self.noise.std * self.lattice
-
-    def half_width(self, confidence: float = 0.95) -> float:
-        """Half-width of the ``confidence`` interval of the noise, in the column's units."""
-        return self.noise.quantile_abs(confidence) * self.lattice
-
-    def describe(self) -> dict[str, object]:
-        """JSON-able summary for the ledger and reports."""
-        return {
-            "measurement": self.kind,
-            "column": self.column,
-            "bounds": list(self.bounds) if self.bounds is not None else None,
-            "bounds_from": self.bounds_from if self.bounds is not None else None,
-            "mechanism": self.mechanism,
-            "epsilon": self.epsilon,
-            "mu": self.mu,
-            "sensitivity": self.group_sensitivity,
-            "lattice": self.lattice,
-            "noise_std": self.noise_std,
-        }
+        return self.noise.kind
 
 
 @dataclass(frozen=True)
@@ -227,27 +213,17 @@ class Selection:
 
     Attributes:
         name: the unit-count column of the bounded query.
-        noise: the discrete Laplace noise added to unit counts.
+        noise: the discrete Laplace noise added to unit counts (its parameters).
         threshold: the smallest noisy unit count released.
         epsilon: the share of epsilon spent on selection.
         delta: the share of delta spent on selection.
     """
 
     name: str
-    noise: LaplaceNoise
+    noise: LaplaceParams
     threshold: int
     epsilon: float
     delta: float
-
-    def describe(self) -> dict[str, object]:
-        return {
-            "measurement": "partition_selection",
-            "mechanism": "laplace_threshold",
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "threshold": self.threshold,
-            "noise_scale": self.noise.scale,
-        }
 
 
 @dataclass(frozen=True)
@@ -337,8 +313,11 @@ class QueryPlan:
         output: the final SELECT over the noisy table ``__noisy`` (columns: the
             group keys and the aggregates); HAVING, ORDER BY and LIMIT live here.
         output_names: the output column names, in order.
-        epsilon: epsilon charged for the query.
+        epsilon: epsilon of the query's own measurements (what it is charged, but for
+            ``bias_epsilon``).
         delta: delta charged for the query.
+        bias_epsilon: the epsilon set aside for the bias estimates (``execute(sql,
+            bias=True)``, :mod:`dpsql.release.bias`), charged with the query; 0 without.
         mechanism: "laplace" or "gaussian".
         selection: partition selection, when a key is private.
         sources: the tables read, the primary one first, with their joins.
@@ -377,6 +356,7 @@ class QueryPlan:
     normalized: str = ""
     tables: tuple[tuple[str, exp.Table], ...] = ()
     list_parameters: bool = False
+    bias_epsilon: float = 0.0
 
     def measurement(self, name: str) -> Measurement:
         for m in self.measurements:

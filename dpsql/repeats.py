@@ -95,7 +95,7 @@ import sqlglot
 
 from dpsql.analyze.parse import DIALECT
 from dpsql.codec import cells_from_payload, cells_payload, dumps, loads, report_from_payload, report_payload
-from dpsql.errors import Error
+from dpsql.errors import Error, InternalError
 from dpsql.plan import QueryPlan
 from dpsql.policy import Policy
 from dpsql.report import described
@@ -160,8 +160,8 @@ class CachedAnswer:
         was released with, marked as a free repeat."""
         table = self.table
         if table.num_columns != len(plan.output_names):
-            raise Error("a stored answer does not match this query's columns; delete the answers file "
-                        "beside the ledger. This is probably a bug in dpsql.")
+            raise InternalError("a stored answer does not match this query's columns; delete the answers file "
+                                "beside the ledger")
         renamed = table.rename_columns(list(plan.output_names))
         pairs = list(zip(table.column_names, plan.output_names))
         cells = {new: list(self.cells.get(old, [None] * table.num_rows)) for old, new in pairs}

@@ -17,7 +17,9 @@ import sqlglot.expressions as exp
 from dpsql.codec import jsonable
 from dpsql.plan import QueryPlan, ValueRelease
 from dpsql.privacy import Charge
-from dpsql.privacy.events import events_of
+from dpsql.noise import noise_std
+from dpsql.privacy.events import describe, events_of
+from dpsql.release.bias import bias_events
 from dpsql.release.udf.registry import UDF, choose_strategy
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
@@ -30,7 +32,11 @@ class _Postprocessor(Protocol):
 
 def charge_of(plan: QueryPlan, sql: str) -> Charge:
     """What the plan costs: its (epsilon, delta) and the typed privacy event of each
-    measurement (:func:`dpsql.privacy.events.events_of`)."""
+    measurement (:func:`dpsql.privacy.events.events_of`); with a bias estimate
+    (``plan.bias_epsilon``), its share and events too (:func:`dpsql.release.bias.bias_events`)."""
+    if plan.bias_epsilon:
+        share = plan.bias_epsilon
+        return Charge(plan.epsilon + share, plan.delta, sql, (*events_of(plan), *bias_events(plan, share)))
     return Charge(plan.epsilon, plan.delta, sql, events_of(plan))
 
 
@@ -65,9 +71,9 @@ def uses_udf(plan: QueryPlan) -> bool:
 
 def described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
     """Every noisy quantity of the plan, as the ledger records it."""
-    selection = (plan.selection.describe(),) if plan.selection is not None else ()
-    values = tuple(r.describe() for r in plan.value_releases)
-    return selection + tuple(m.describe() for m in plan.measurements) + values
+    selection = (describe(plan.selection),) if plan.selection is not None else ()
+    values = tuple(describe(r) for r in plan.value_releases)
+    return selection + tuple(describe(m) for m in plan.measurements) + values
 
 
 #: How a smooth-sensitivity answer's ± is made (issue 15 item 4; :mod:`dpsql.release.udf.smooth`).
@@ -114,7 +120,7 @@ def _expected_value_privacy(releases: list[ValueRelease]) -> ColumnPrivacy:
     for r in releases:
         eps = r.answer_epsilon
         strategy, why = choose_strategy(r.target, _NOMINAL_UNITS, eps, r.delta, rows_per_unit=r.rows_per_unit)  # type: ignore[arg-type]
-        described.append(jsonable({**r.describe(), "mechanism": names[strategy], "why": why,
+        described.append(jsonable({**describe(r), "mechanism": names[strategy], "why": why,
                                    "decided": "per group at run time"}))
     mechanism = "+".join(sorted({str(d["mechanism"]) for d in described}))
     return ColumnPrivacy(mechanism, None, tuple(described))
@@ -140,14 +146,14 @@ def privacy_report(plan: QueryPlan) -> PrivacyReport:
             private = any(r in keys and not keys[r].is_public for r in refs)
             public = any(r in keys for r in refs)
             mechanism = "partition_selection" if private else "public" if public else "none"
-            described = (jsonable(plan.selection.describe()),) if private and plan.selection else ()
+            described = (jsonable(describe(plan.selection)),) if private and plan.selection else ()
             columns[name] = ColumnPrivacy(mechanism, None, described)
             continue
         mechanisms = "+".join(sorted({m.mechanism for m in measurements}))
         bare = projection.unalias()
         simple = len(used) == 1 and used[0].function in ("count", "count_distinct", "sum") and bare.name in by_name
-        std = measurements[0].noise_std if simple else None
-        columns[name] = ColumnPrivacy(mechanisms, std, tuple(jsonable(m.describe()) for m in measurements))
+        std = noise_std(measurements[0]) if simple else None
+        columns[name] = ColumnPrivacy(mechanisms, std, tuple(jsonable(describe(m)) for m in measurements))
     notes = plan.notes + ((bias_note(plan),) if plan.measurements or plan.value_releases else ())
     return PrivacyReport(plan.epsilon, plan.delta, columns, notes)
 

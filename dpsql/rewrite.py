@@ -28,10 +28,16 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from dpsql.analyze.calibrate import clip_range, midpoint, square_offset
-from dpsql.analyze.predicates import member
+from dpsql.analyze.public_values import member
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
 from dpsql.rewrite_columns import Layout, Read, RowValue, layout
 from dpsql.rewrite_distinct import distinct_row_value, distinct_total, kept_values
+from dpsql.rewrite_nodes import alias as _alias
+from dpsql.rewrite_nodes import call as _func
+from dpsql.rewrite_nodes import cast as _cast
+from dpsql.rewrite_nodes import column as _col
+from dpsql.rewrite_nodes import integer as _int
+from dpsql.rewrite_nodes import keyed_hash as _keyed_hash
 from dpsql.sqltypes import parse_type
 
 __all__ = ["LIST_PARAMETER", "Bounded", "bounded_query", "new_salt", "value_query"]
@@ -42,48 +48,6 @@ _LIMIT = 2**62
 def new_salt() -> int:
     """A fresh secret salt for the keyed hash (one per query)."""
     return secrets.randbits(62)
-
-
-def _col(name: str, table: str | None = None) -> exp.Column:
-    return exp.Column(this=exp.Identifier(this=name, quoted=True),
-                      table=exp.Identifier(this=table, quoted=True) if table is not None else None)
-
-
-def _type(name: str) -> exp.DataType:
-    """A plain type node (``exp.DataType.build`` parses its argument: 30 us a call)."""
-    return exp.DataType(this=exp.DataType.Type[name])
-
-
-def _cast(value: exp.Expression, to: str) -> exp.Cast:
-    return exp.Cast(this=value, to=_type(to))
-
-
-def _alias(value: exp.Expression, name: str) -> exp.Alias:
-    return exp.Alias(this=value, alias=exp.Identifier(this=name, quoted=True))
-
-
-def _int(value: int) -> exp.Expression:
-    return exp.Literal.number(value)
-
-
-def _func(name: str, *args: exp.Expression) -> exp.Expression:
-    """A plain function call. (sqlglot's own Greatest/Least nodes wrap DuckDB's in NULL
-    checks; every NULL here is handled explicitly instead.)"""
-    return exp.Anonymous(this=name, expressions=list(args))
-
-
-def _keyed_hash(salt: int | str, *args: exp.Expression) -> exp.Expression:
-    """``hash(xor(hash(args), salt))``: a keyed hash whose order changes with the salt.
-
-    DuckDB's multi-argument ``hash`` folds its last argument in with XOR, so a salt passed as
-    one more argument only flips fixed bits of every key and can reach few orders (measured:
-    30 distinct 3-of-20 row choices over 2000 salts). Hashing again after the XOR mixes the
-    salt in non-linearly (932 of the ~930 expected). ``salt`` is a literal, or the name of a
-    query parameter (``$name``) bound at run time, so one SQL text serves every query.
-    """
-    value: exp.Expression = exp.Placeholder(this=salt) if isinstance(salt, str) else _int(salt)
-    salted = _func("xor", _func("hash", *args), _cast(value, "UBIGINT"))
-    return _func("hash", salted)
 
 
 #: A key's listed values, when more than this many, are one bound list parameter applied to

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sqlglot.expressions as exp
 
 from dpsql.plan import Measurement
+from dpsql.rewrite_nodes import call, column, keyed_hash
 
 __all__ = ["distinct_row_value", "distinct_total", "kept_values"]
 
@@ -29,16 +30,14 @@ def distinct_row_value(m: Measurement, unit: exp.Expression | None, salt: int | 
     """A row's value of ``x``: the value itself for a table whose rows are their own units
     (``unit`` None), else ``{'h': keyed hash of (unit, x), 'v': x}``; ``$salt`` when
     ``salt`` is None. NULL counts as no value."""
-    from dpsql.rewrite import _col, _keyed_hash  # late: dpsql.rewrite imports this module
-
     assert m.column is not None
-    value = exp.Paren(this=m.expression.copy()) if m.expression is not None else _col(m.column, m.source)
+    value = exp.Paren(this=m.expression.copy()) if m.expression is not None else column(m.column, m.source)
     present = exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null()))
     if unit is None:
         return exp.Case(ifs=[exp.If(this=present, true=value)])
     key: int | str = "salt" if salt is None else salt ^ 0x2D2D2D2D2D2D2D2
     pair = exp.Struct(expressions=[
-        exp.PropertyEQ(this=exp.to_identifier("h"), expression=_keyed_hash(key, unit, value.copy())),
+        exp.PropertyEQ(this=exp.to_identifier("h"), expression=keyed_hash(key, unit, value.copy())),
         exp.PropertyEQ(this=exp.to_identifier("v"), expression=value.copy()),
     ])
     return exp.Case(ifs=[exp.If(this=present, true=pair)])
@@ -47,8 +46,8 @@ def distinct_row_value(m: Measurement, unit: exp.Expression | None, salt: int | 
 def kept_values(v: exp.Column, cap: int) -> exp.Expression:
     """One unit's kept values in one group: its distinct (hash, value) pairs sorted by hash,
     the first ``cap`` (``list_distinct`` drops the NULLs)."""
-    ordered = _call("list_sort", _call("list_distinct", _call("list", v)))
-    return _call("list_slice", ordered, exp.Literal.number(1), exp.Literal.number(cap))
+    ordered = call("list_sort", call("list_distinct", call("list", v)))
+    return call("list_slice", ordered, exp.Literal.number(1), exp.Literal.number(cap))
 
 
 def distinct_total(column: exp.Column, per_row: bool) -> exp.Expression:
@@ -56,10 +55,7 @@ def distinct_total(column: exp.Column, per_row: bool) -> exp.Expression:
     if per_row:
         return exp.Count(this=exp.Distinct(expressions=[column]))
     pair = exp.to_identifier("__x")
-    values = _call("list_transform", _call("flatten", _call("list", column)),
-                   exp.Lambda(this=exp.Dot(this=pair.copy(), expression=exp.to_identifier("v")), expressions=[pair]))
-    return _call("len", _call("list_distinct", values))
+    values = call("list_transform", call("flatten", call("list", column)),
+                  exp.Lambda(this=exp.Dot(this=pair.copy(), expression=exp.to_identifier("v")), expressions=[pair]))
+    return call("len", call("list_distinct", values))
 
-
-def _call(name: str, *args: exp.Expression) -> exp.Expression:
-    return exp.Anonymous(this=name, expressions=list(args))

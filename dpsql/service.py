@@ -85,7 +85,7 @@ class Service:
             store = None if reports is None else ReportStore(reports)
             if workers > 1:
                 path = os.fspath(database) if isinstance(database, str | os.PathLike) else None
-                spec = WorkerSpec(path, os.fspath(policy), os.fspath(ledger),
+                spec = WorkerSpec(cls.open, path, os.fspath(policy), os.fspath(ledger),
                                   None if reports is None else os.fspath(reports), timing.model,
                                   logging.getLogger("dpsql.server").getEffectiveLevel())
                 pool = WorkerPool(spec, workers)

@@ -40,6 +40,7 @@ import queue
 import signal
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.process import BaseProcess
@@ -61,8 +62,11 @@ _STOP_SECONDS = 30.0
 @dataclass(frozen=True)
 class WorkerSpec:
     """What a worker opens: the same database, policy, ledger and report store as the server,
-    and the server's speed model (with its contention factor)."""
+    and the server's speed model (with its contention factor), with ``opener`` (the server's
+    ``Service.open``, passed in so that this module does not import the service that
+    imports it)."""
 
+    opener: Callable[..., Any]
     database: str | None
     policy: str
     ledger: str
@@ -196,10 +200,8 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _configure_logging(spec.log_level)
-    from dpsql.service import Service  # noqa: PLC0415 - a fresh interpreter: import here
-
     try:
-        service = Service.open(spec.database, spec.policy, spec.ledger, reports=spec.reports, model=spec.model)
+        service = spec.opener(spec.database, spec.policy, spec.ledger, reports=spec.reports, model=spec.model)
     except Error as exc:
         pipe.send(("error", exc))
         return

@@ -12,10 +12,11 @@ import pytest
 
 import dpsql
 from dpsql.policy import parse_policy
+from dpsql.privacy.events import LaplaceEvent
 
 from policy_builder import policy_text
 
-POLICY = policy_text(tables="""
+TABLES = """
 [tables.t]
 privacy_unit = "u"
 max_groups_per_unit = 2
@@ -23,7 +24,8 @@ max_rows_per_unit = 8
 [tables.t.columns]
 x = { bounds = [0, 10] }
 k = { public_values = ["a", "b", "c"] }
-""")
+"""
+POLICY = policy_text(tables=TABLES)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,32 @@ def test_estimate_is_charged_within_the_query_and_recorded(database) -> None:
         second = conn._ledger.events("b")[2]  # noqa: SLF001
         assert "clipped_values" in str(second) and second.epsilon == pytest.approx(1.0)
         assert summed.privacy.epsilon == pytest.approx(1.0) and "values of x" in summed.privacy.notes[-1]
+
+
+def test_estimate_share_is_checked_and_split_by_the_analyzer(database) -> None:
+    """The epsilon asked with bias=True is what is checked against the policy and charged:
+    above max_epsilon_per_query it is refused, uncharged (its 90% alone was accepted, and
+    the whole charged, before the analyzer made the split); the policy's default, and an
+    epsilon the SQL's OPTIONS clause gives, are split the same way."""
+    path, _ = database
+    policy = parse_policy(policy_text(tables=TABLES, max_epsilon=1.0, default_epsilon=0.4))
+    with dpsql.connect(path, policy=policy, analyst="c", repeats=False) as conn:
+        with pytest.raises(dpsql.PolicyViolation, match="max_epsilon_per_query"):
+            conn.execute("SELECT COUNT(*) AS n FROM t", epsilon=1.05, bias=True)
+        assert conn.budget().epsilon_spent == 0 and conn.budget().queries == 0
+        at_max = conn.execute("SELECT COUNT(*) AS n FROM t", epsilon=1.0, bias=True)
+        assert at_max.privacy.epsilon == pytest.approx(1.0) and at_max.bias is not None
+        recorded = conn._ledger.events("c")[0].events  # noqa: SLF001 - typed events, query's then the estimate's
+        assert isinstance(recorded[-1], LaplaceEvent) and recorded[-1].epsilon == pytest.approx(0.1)
+        assert sum(e.epsilon for e in recorded) == pytest.approx(1.0)  # type: ignore[attr-defined]
+        default = conn.execute("SELECT COUNT(*) AS n FROM t", bias=True)
+        assert default.privacy.epsilon == pytest.approx(0.4)
+        options = conn.execute("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 0.5) COUNT(*) AS n FROM t",
+                               bias=True, dialect="bigquery")
+        assert options.privacy.epsilon == pytest.approx(0.5) and options.bias is not None
+        assert conn.budget().epsilon_spent == pytest.approx(1.9)
+        plan = conn.plan("SELECT COUNT(*) AS n FROM t", epsilon=1.0)
+        assert plan.bias_epsilon == 0 and plan.epsilon == 1.0
 
 
 def test_estimate_covers_the_true_dropped_count(database) -> None:

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql.noise import SeededRandom
+from dpsql.noise import SeededRandom, noise_std, scale
 from dpsql.policy import parse_policy
 from dpsql.rewrite import bounded_query
 
@@ -64,7 +64,7 @@ def test_selection_threshold_meets_its_delta(conn) -> None:
     sel = plan.selection
     assert sel is not None and plan.max_groups_per_unit == 4 and plan.sample_groups
     assert sel.epsilon == pytest.approx(0.5) and sel.delta == pytest.approx(5e-7)  # 1 measurement + selection
-    p = math.exp(-1 / sel.noise.scale)
+    p = math.exp(-1 / scale(sel.noise))
     per_group = p ** (sel.threshold - 1) / (1 + p)  # P(1 + Z >= threshold), Z discrete Laplace
     assert 4 * per_group <= sel.delta  # a unit's <= 4 new groups appear with prob <= delta_sel
     assert 4 * p ** (sel.threshold - 2) / (1 + p) > sel.delta  # and the threshold is the smallest
@@ -97,7 +97,7 @@ def test_release_rate_matches_theory_at_a_loose_delta(conn) -> None:
     sql = "SELECT city, COUNT(*) FROM t GROUP BY city"
     plan = conn.plan(sql, epsilon=0.2, delta=0.4)
     sel = plan.selection
-    p = math.exp(-1 / sel.noise.scale)
+    p = math.exp(-1 / scale(sel.noise))
     rate = p ** (sel.threshold - 1) / (1 + p)
     res = conn.execute(sql, epsilon=0.2, delta=0.4)
     solos = sum(c.startswith("solo") for c in res.arrow()["city"].to_pylist())
@@ -114,7 +114,7 @@ def test_a_unit_in_hundreds_of_groups_keeps_only_l0(conn) -> None:
         assert sum(c.startswith("heavy") for c in cities) == 4  # 300 groups, L0 = 4
     # Gaussian noise uses L2 = sqrt(l0) * per-group bound, Laplace L1 = l0 * bound
     (m,) = plan.measurements
-    assert m.noise_std == pytest.approx(math.sqrt(4) * 2 / m.mu, rel=1e-3)
+    assert noise_std(m) == pytest.approx(math.sqrt(4) * 2 / m.mu, rel=1e-3)
 
 
 def test_mixed_public_and_private_keys(conn) -> None:

@@ -20,19 +20,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dpsql"
 #: same or an earlier stage, never of a later one. Modules not listed (the CLI, the server,
 #: Spark, local DP, audits ...) sit outside the pipeline and are checked for cycles only.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("plain data", ("dpsql.errors", "dpsql.plan", "dpsql.sqltypes", "dpsql.diagnose", "dpsql.intervals")),
+    ("plain data", ("dpsql.errors", "dpsql.plan", "dpsql.sqltypes", "dpsql.diagnose", "dpsql.intervals",
+                    "dpsql.params")),
+    ("infrastructure", ("dpsql.hardened", "dpsql.sqlitefile")),  # the one scratch DuckDB, the one SQLite file
     ("answer types", ("dpsql.result", "dpsql.display")),  # what a query returns: plain data, shown
     ("policy", ("dpsql.policy",)),
     ("noise", ("dpsql.noise",)),
     ("privacy", ("dpsql.privacy",)),
     ("analyze", ("dpsql.normalize", "dpsql.analyze")),
-    ("rewrite", ("dpsql.rewrite",)),
-    ("engine", ("dpsql.engine",)),
+    ("rewrite", ("dpsql.rewrite_nodes", "dpsql.rewrite_columns", "dpsql.rewrite_distinct", "dpsql.rewrite")),
+    ("engine", ("dpsql.engine", "dpsql.spark", "dpsql.datasources")),
     ("release", ("dpsql.release", "dpsql.read")),
     ("postprocess", ("dpsql.postprocess",)),
     ("report", ("dpsql.report", "dpsql.codec")),
     ("repeats", ("dpsql.repeats",)),
-    ("connection", ("dpsql.explain", "dpsql.public", "dpsql.connection")),
+    ("connection", ("dpsql.timing", "dpsql.explain", "dpsql.public", "dpsql.connection", "dpsql.opener")),
 )
 
 #: Modules that import nothing of dpsql at all.
@@ -115,20 +117,8 @@ def test_the_graph_is_read() -> None:
     assert len(GRAPH) > 80
 
 
-#: Arrows that still close a cycle, each a lazy import written to break it at import time,
-#: to be removed by moving the shared code down (issue 13 is open on them): the analyzer's
-#: derived tables (nested subqueries, h14) and scope build on each other, and COUNT(DISTINCT x)'s
-#: rewrite helpers use rewrite's hash and column writers. The test fails when one of these is
-#: gone too, so the list can only shrink.
-KNOWN_CYCLE_ARROWS = {
-    ("dpsql.analyze.scope", "dpsql.analyze.derived"),
-    ("dpsql.rewrite_distinct", "dpsql.rewrite"),
-    ("dpsql.workers", "dpsql.service"),  # a worker process's own Service, imported in the child
-}
-
-
 def test_no_cycle() -> None:
-    graph = {m: [t for t in targets if (m, t) not in KNOWN_CYCLE_ARROWS] for m, targets in GRAPH.items()}
+    graph = GRAPH
     done: set[str] = set()
 
     def visit(node: str, path: list[str]) -> None:
@@ -143,12 +133,6 @@ def test_no_cycle() -> None:
 
     for module in graph:
         visit(module, [])
-
-
-@pytest.mark.parametrize("arrow", sorted(KNOWN_CYCLE_ARROWS))
-def test_known_cycle_arrows_still_exist(arrow: tuple[str, str]) -> None:
-    source, target = arrow
-    assert target in GRAPH[source], f"{source} no longer imports {target}: remove it from KNOWN_CYCLE_ARROWS"
 
 
 @pytest.mark.parametrize("module", LEAVES)
@@ -176,9 +160,23 @@ def test_every_stage_is_there() -> None:
             assert any(m == prefix or m.startswith(prefix + ".") for m in MODULES), (name, prefix)
 
 
-@pytest.mark.parametrize("module", ["dpsql.connection", "dpsql.plan", "dpsql.rewrite", "dpsql.engine",
-                                    "dpsql.read", "dpsql.report", "dpsql.repeats", "dpsql.codec",
-                                    "dpsql.privacy.events", "dpsql.privacy.ledger", "dpsql.privacy.charges"])
-def test_pipeline_modules_stay_small(module: str) -> None:
+#: Modules allowed over :data:`MAX_LINES` for now, each with its reason (keep this short).
+LONG_MODULES: dict[str, str] = {
+    "dpsql.server": "changed by the server's work of issue 16 this session: split it once that lands",
+}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_is_long(module: str) -> None:
+    """No module of ``dpsql/`` over ~500 lines: split a longer one by meaning, so that a
+    newcomer finds each step by its file name (issue 13)."""
     lines = len(MODULES[module].read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{module} has {lines} lines"
+    assert lines <= MAX_LINES or module in LONG_MODULES, (
+        f"{module} has {lines} lines (at most {MAX_LINES}): split it by meaning")
+
+
+def test_long_modules_are_still_long() -> None:
+    """The allow-list only shrinks: a module split since is taken off it."""
+    short = [m for m in LONG_MODULES
+             if m not in MODULES or len(MODULES[m].read_text(encoding="utf-8").splitlines()) <= MAX_LINES]
+    assert not short, f"{short} are no longer over {MAX_LINES} lines: remove them from LONG_MODULES"

@@ -3,7 +3,7 @@
 ``customers`` has one row per person (R = 1, L0 = 1); ``orders`` up to 8 per person
 (R = 8, L0 = 3). Joined on the person, each person has up to 8 joined rows: the product of
 the row caps keeps them all, so COUNT and SUM are unbiased and their 95% intervals cover
-the truth; the sensitivity argument (the module docstring of the scope pass) is audited.
+the truth; the sensitivity argument (the module docstring of dpsql.analyze.joins) is audited.
 """
 
 from __future__ import annotations

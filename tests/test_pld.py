@@ -20,6 +20,7 @@ from dpsql.cli import main
 from dpsql.errors import BudgetExceeded, Error
 from dpsql.noise import gdp_delta, gdp_mu
 from dpsql.privacy import BasicAccountant, Charge, Ledger
+from dpsql.privacy.events import describe
 from dpsql.privacy.pld import (
     PLDAccountant,
     PrivacyEvent,
@@ -46,10 +47,10 @@ class Budget:
 
 
 def query_charge(epsilon: float, delta: float, measurements: int = 1) -> Charge:
-    """A charge exactly as the pipeline makes it: calibrate, then Measurement.describe()."""
+    """A charge exactly as the pipeline makes it: calibrate, then dpsql.privacy.events.describe()."""
     specs = [MeasurementSpec(f"__m{i}", "count_rows") for i in range(measurements)]
     planned = calibrate(specs, epsilon=epsilon, delta=delta, l0=1, max_rows=1)
-    return Charge(epsilon, delta, "SELECT COUNT(*) FROM t", tuple(m.describe() for m in planned))
+    return Charge(epsilon, delta, "SELECT COUNT(*) FROM t", tuple(describe(m) for m in planned))
 
 
 def grant_all(ledger: Ledger, budget: Budget, charges: list[Charge], limit: int = 5000) -> int:

@@ -23,6 +23,7 @@ from dpsql.privacy.events import (
     UnknownEvent,
     ValueReleaseEvent,
     decode,
+    describe,
     encode,
     event_from_description,
     events_of,
@@ -60,7 +61,7 @@ def test_a_plan_produces_one_typed_event_per_noisy_quantity(conn: dpsql.Connecti
     assert (events[0].epsilon, events[0].delta) == (plan.selection.epsilon, plan.selection.delta)
     assert [type(e) for e in events[1:]] == [GaussianEvent] * len(plan.measurements)
     assert [e.mu for e in events[1:]] == [m.mu for m in plan.measurements]  # type: ignore[attr-defined]
-    assert [e.describe() for e in events[1:]] == [m.describe() for m in plan.measurements]
+    assert [e.describe() for e in events[1:]] == [describe(m) for m in plan.measurements]
     laplace = events_of(conn.plan("SELECT COUNT(*) AS n FROM t", epsilon=0.3))
     assert laplace == (LaplaceEvent(epsilon=0.3),)
     median = events_of(conn.plan("SELECT MEDIAN(x) AS med FROM t", epsilon=0.3, delta=1e-7))

@@ -42,8 +42,8 @@ import sqlglot.expressions as exp
 from scipy import optimize, stats
 
 import dpsql
-from dpsql.noise import DiscreteGaussian, DiscreteLaplace, SeededRandom, gdp_mu
-from dpsql.plan import Measurement, QueryPlan
+from dpsql.noise import SeededRandom, gdp_mu, noise_std
+from dpsql.plan import GaussianParams, LaplaceParams, Measurement, QueryPlan
 from dpsql.policy import Policy
 from dpsql.rewrite import bounded_query
 
@@ -386,7 +386,7 @@ def test_gaussian_budget_split_over_four_measurements(gaussian4_runs: Runs) -> N
         assert m.mu == pytest.approx(mu / 2, rel=1e-9)
         assert m.mechanism == "gaussian"
         sigma = expected_gaussian_sigma(per_row[m.kind], 4, 1.0, DELTA)
-        assert sigma * (1 - 1e-9) <= m.noise_std <= sigma * (1 + gaussian_inflation(sigma, m.lattice)), m
+        assert sigma * (1 - 1e-9) <= noise_std(m) <= sigma * (1 + gaussian_inflation(sigma, m.lattice)), m
     # Composition check: the per-measurement mus compose back to the query's mu.
     assert math.sqrt(sum(m.mu**2 for m in plan.measurements)) == pytest.approx(mu, rel=1e-9)
     # Empirically, for the three bare columns (bounds: module docstring, kappa = 3).
@@ -719,11 +719,13 @@ def _noise_coverage(m: Measurement, steps: float) -> float:
     correction, P(|X| <= q + 1/2), accurate to O(1/sigma^2).
     """
     q = math.floor(steps + 1e-9)
-    if isinstance(m.noise, DiscreteLaplace):
+    if isinstance(m.noise, LaplaceParams):
         p = math.exp(-m.noise.s / m.noise.t)
         return 1 - 2 * p ** (q + 1) / (1 + p)
-    assert isinstance(m.noise, DiscreteGaussian) and m.noise.sigma > 100
-    return 2 * float(stats.norm.cdf((q + 0.5) / m.noise.sigma)) - 1
+    assert isinstance(m.noise, GaussianParams)
+    sigma = math.sqrt(m.noise.t * m.noise.m)
+    assert sigma > 100
+    return 2 * float(stats.norm.cdf((q + 0.5) / sigma)) - 1
 
 
 def test_reported_half_width_is_at_least_the_95_percent_quantile(laplace_runs: Runs, gaussian_runs: Runs) -> None:

@@ -16,7 +16,8 @@ noise, on noisy values. Everything else is refused before any data is read.
 :class:`~dpsql.analyze.context.Context` (each pass a function you can test alone, the way
 sqlglot's optimizer lists its rules): the budget (:mod:`~dpsql.analyze.budget`), parsing
 (:mod:`~dpsql.analyze.parse`), the clauses (:mod:`~dpsql.analyze.clauses`), the tables
-(:mod:`~dpsql.analyze.scope`), the group keys (:mod:`~dpsql.analyze.keys`), the row-level
+(:mod:`~dpsql.analyze.sources`, :mod:`~dpsql.analyze.joins`, :mod:`~dpsql.analyze.derived`,
+into a :mod:`~dpsql.analyze.scope`), the group keys (:mod:`~dpsql.analyze.keys`), the row-level
 conditions (:mod:`~dpsql.analyze.predicates`), the outputs and their aggregates
 (:mod:`~dpsql.analyze.outputs`), and finally the split of the budget and the calibration of
 every measurement (:mod:`~dpsql.analyze.calibrate`).
@@ -36,7 +37,8 @@ from dpsql.analyze.context import Context, PublicRows, PublicValues
 from dpsql.analyze.keys import _effective_l0, _plan_group_keys
 from dpsql.analyze.outputs import _plan_output
 from dpsql.analyze.parse import parse_select, reject
-from dpsql.analyze.scope import build_scope, resolve
+from dpsql.analyze.scope import resolve
+from dpsql.analyze.sources import build_scope
 from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
 from dpsql.normalize import Normalized, normalize, query_budget
 from dpsql.plan import UDF, QueryPlan
@@ -60,6 +62,7 @@ def analyze(
     dialect: str | None = None,
     public_rows: PublicRows | None = None,
     normalized: Normalized | None = None,
+    bias: bool = False,
 ) -> QueryPlan:
     """Check ``sql`` against ``policy`` and plan everything its answer needs.
 
@@ -79,6 +82,9 @@ def analyze(
         normalized: ``sql`` already read by :func:`dpsql.normalize.normalize` with these
             arguments (the connection reads it once, to tell a public-only query apart);
             ``None``: read here.
+        bias: set ``BIAS_SHARE`` of epsilon aside for the bias estimates
+            (:mod:`dpsql.release.bias`): the plan's ``epsilon`` is the rest, its
+            ``bias_epsilon`` that share; epsilon is checked against the policy before the split.
 
     Raises:
         QueryRejected: the SQL cannot be answered privately as written.
@@ -86,7 +92,7 @@ def analyze(
     """
     ctx = Context(sql=sql, policy=policy, schema=schema, requested=query_budget(sql, epsilon, delta),
                   public_values=public_values, udfs=udfs or {}, dialect=dialect, public_rows=public_rows,
-                  normalized=normalized)
+                  normalized=normalized, bias=bias)
     for rule in RULES:
         rule(ctx)
     return _plan(ctx)
@@ -109,7 +115,7 @@ def check_clauses(ctx: Context) -> None:
 
 
 def scope(ctx: Context) -> None:
-    """Pass: the tables of FROM and JOIN, each a policy table (:mod:`dpsql.analyze.scope`)."""
+    """Pass: the tables of FROM and JOIN, each a policy table (:mod:`dpsql.analyze.sources`)."""
     ctx.scope, ctx.pending = build_scope(ctx.sql, ctx.select, ctx.policy, ctx.schema)
 
 
@@ -177,6 +183,7 @@ def _plan(ctx: Context) -> QueryPlan:
         output_names=names,
         epsilon=eps,
         delta=dlt,
+        bias_epsilon=ctx.bias_epsilon,
         mechanism="gaussian" if dlt > 0 else "laplace",
         selection=selection,
         sources=tuple(scope.sources),

@@ -1,6 +1,6 @@
 """The query's budget: epsilon and delta checked once against the policy (here and only
-here), then split once between partition selection, the measurements and each
-values-based release."""
+here), then split once: the bias estimate's share (``bias=True``) first, then partition
+selection, the measurements and each values-based release."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from dpsql.policy import Policy
 
 #: The smallest non-zero delta accepted (a smaller one would overflow ln(1/delta) bounds).
 MIN_DELTA = 1e-100
+
+#: The share of a query's epsilon the bias estimates take (``execute(sql, bias=True)``,
+#: :mod:`dpsql.release.bias`).
+BIAS_SHARE = 0.1
 
 
 def _finite(value: float) -> bool:
@@ -59,9 +63,23 @@ def resolve_budget(policy: Policy, epsilon: float | None, delta: float | None) -
     return float(eps), float(dlt)
 
 
+def bias_split(epsilon: float) -> tuple[float, float]:
+    """The query's epsilon and the bias estimates', from the (checked) epsilon asked:
+    ``1 - BIAS_SHARE`` of it plans the query, the rest goes to the estimates.
+
+    >>> bias_split(1.0)
+    (0.9, 0.1)
+    """
+    query = epsilon * (1 - BIAS_SHARE)
+    return query, query * BIAS_SHARE / (1 - BIAS_SHARE)
+
+
 def check_budget(ctx: Context) -> None:
-    """Pass: the query's (epsilon, delta), defaulted and checked against the policy."""
-    ctx.epsilon, ctx.delta = resolve_budget(ctx.policy, *ctx.requested)
+    """Pass: the query's (epsilon, delta), defaulted and checked against the policy; with
+    ``bias``, the bias estimates' share (:func:`bias_split`) set aside from the epsilon
+    checked, which is what the query is charged in all."""
+    epsilon, ctx.delta = resolve_budget(ctx.policy, *ctx.requested)
+    ctx.epsilon, ctx.bias_epsilon = bias_split(epsilon) if ctx.bias else (epsilon, 0.0)
 
 
 def split_budget(ctx: Context) -> None:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import sqlglot.expressions as exp
 
 from dpsql.errors import InternalError, QueryRejected
-from dpsql.noise import gaussian_noise, gdp_mu, laplace_noise
-from dpsql.plan import SOURCE_ALIAS, Measurement, MeasurementKind, Noise, Selection
+from dpsql.noise import gaussian_noise, gdp_mu, laplace_noise, params_of
+from dpsql.plan import SOURCE_ALIAS, LaplaceParams, Measurement, MeasurementKind, Selection
 
 __all__ = ["MeasurementSpec", "calibrate", "fixed_point", "partition_selection", "selection_share"]
 
@@ -147,7 +147,7 @@ def partition_selection(epsilon: float, delta: float, l0: int, name: str = "__se
     k = max(0, math.ceil(math.log(delta * (1 + p) / l0) / math.log(p)) - 1)
     while math.log(l0) + k * math.log(p) - math.log1p(p) > math.log(delta) - 1e-9:
         k += 1
-    return Selection(name=name, noise=noise, threshold=k + 1, epsilon=epsilon, delta=delta)
+    return Selection(name=name, noise=LaplaceParams(noise.t, noise.s), threshold=k + 1, epsilon=epsilon, delta=delta)
 
 
 def calibrate(
@@ -191,11 +191,10 @@ def _measure(
     while spread * lattice_units(group_bound, shift) > limit:
         shift += 1
     group_sensitivity = lattice_units(group_bound, shift)
-    noise: Noise
     if mu > 0:
-        noise = gaussian_noise(math.sqrt(l0) * group_sensitivity, mu)
+        noise = params_of(gaussian_noise(math.sqrt(l0) * group_sensitivity, mu))
     else:
-        noise = laplace_noise(l0 * group_sensitivity, epsilon)
+        noise = params_of(laplace_noise(l0 * group_sensitivity, epsilon))
     return Measurement(
         name=spec.name,
         kind=spec.kind,

@@ -47,7 +47,7 @@ def _check_clauses(sql: str, select: exp.Select) -> None:
 
 def _outer_nodes(select: exp.Select):  # type: ignore[no-untyped-def]
     """Every node of the outer query's own clauses (FROM, JOIN and WITH are checked in
-    :mod:`dpsql.analyze.scope`)."""
+    :mod:`dpsql.analyze.sources`)."""
     for key in _OUTER_CLAUSES:
         value = select.args.get(key)
         for item in value if isinstance(value, list) else [value]:

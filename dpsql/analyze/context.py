@@ -41,9 +41,11 @@ class Context:
     dialect: str | None = None
     public_rows: PublicRows | None = None
     normalized: Normalized | None = None
+    bias: bool = False
     # filled by the passes, in order
     epsilon: float = field(init=False)
     delta: float = field(init=False)
+    bias_epsilon: float = 0.0
     select: exp.Select = field(init=False)
     scope: Scope = field(init=False)
     pending: Pending = field(init=False)

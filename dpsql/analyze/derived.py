@@ -28,22 +28,20 @@ any out-of-bounds value.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import sqlglot.expressions as exp
 
 from dpsql.analyze import predicates
 from dpsql.analyze.parse import DIALECT, reject
+from dpsql.analyze.scope import Entry, Resolved, Scope, resolve, usable_columns
 from dpsql.errors import PolicyViolation
 from dpsql.intervals import bounds
-from dpsql.plan import SOURCE_ALIAS, Source
+from dpsql.plan import Source
 from dpsql.policy import ColumnPolicy, TablePolicy
 
-if TYPE_CHECKING:
-    from dpsql.analyze.scope import Entry, Resolved, Scope
-
-__all__ = ["aggregates", "nested_entry", "nests", "per_unit_entry"]
+__all__ = ["aggregates", "check_nested", "check_per_unit", "joined_sources", "nested_entry", "nests",
+           "per_unit_entry"]
 
 _AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
@@ -53,15 +51,9 @@ def aggregates(body: exp.Select) -> bool:
     return body.args.get("group") is not None or any(p.find(exp.AggFunc) for p in body.expressions)
 
 
-def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
-                   schema: Mapping[str, Mapping[str, str]], node: exp.Expression,
-                   ctes: Mapping[str, exp.Select] | None = None) -> Entry:
-    """The derived table of a per-unit aggregating subquery (module docstring), or a
-    refusal saying what to write instead. Its FROM may join and nest like any query's
-    (:func:`inner_scope`): the rows it groups are then the joined rows of each unit."""
-    from dpsql.analyze.scope import Entry, resolve
-
-    sql = scope.sql
+def check_per_unit(sql: str, body: exp.Select) -> None:
+    """Refuse a per-unit subquery with clauses other than FROM, JOIN, WHERE and GROUP BY
+    (checked before its FROM is read)."""
     extra = [k for k, v in body.args.items()
              if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where", "group", "joins")]
     if extra:
@@ -69,7 +61,15 @@ def per_unit_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
             f"a subquery that aggregates may read policy tables and GROUP BY the privacy unit "
             f"({', '.join(k.upper() for k in extra)} found); move HAVING, ORDER BY and LIMIT to the outer query.",
             sql, body)
-    local, condition = inner_scope(scope, body, ctes or {}, schema, aggregating=True)
+
+
+def per_unit_entry(local: Scope, condition: exp.Expr | None, body: exp.Select, name: str, canonical: str) -> Entry:
+    """The derived table of a per-unit aggregating subquery (module docstring), or a
+    refusal saying what to write instead. ``local`` is the scope of its FROM, which may join
+    and nest like any query's, and ``condition`` its row condition
+    (:func:`dpsql.analyze.sources.inner_scope`): the rows it groups are the joined rows of
+    each unit."""
+    sql = local.sql
     primary = local.primary
     table = primary.table
     unit = table.privacy_unit
@@ -140,58 +140,9 @@ def nests(body: exp.Select, ctes: Mapping[str, exp.Select]) -> bool:
         isinstance(first, exp.Table) and not first.args.get("db") and first.name.casefold() in ctes)
 
 
-def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
-                schema: Mapping[str, Mapping[str, str]], aggregating: bool = False,
-                alias: str = SOURCE_ALIAS) -> tuple[Scope, exp.Expr | None]:
-    """The scope of a subquery's FROM and JOINs, read exactly as a whole query's are (policy
-    tables, CTEs, subqueries; private tables joined on their units, public ones on any
-    equality), and its row condition (its WHERE and its inlined subqueries'), compiled.
-
-    Why a derived table over it is private: every private table is joined on the unit, so a
-    joined row is one unit's, and removing a unit removes exactly its joined rows (public
-    tables are the same on both sides); the outer query then bounds, clips and noises
-    those rows as it would a table's (with the product of the row caps, as for any join)."""
-    from dpsql.analyze.scope import Scope, _add, _ctes
-
-    sql = scope.sql
-    local_ctes = {**ctes, **_ctes(sql, body)}
-    inner = Scope(sql=sql, policy=scope.policy, alias=alias)
-    from_ = body.args.get("from_") or body.args.get("from")
-    if from_ is None:
-        raise reject("a CTE or subquery in FROM needs a FROM of policy tables.", sql, body)
-    pending: list[tuple[exp.Expression, Scope]] = []
-    first = _add(inner, from_.this, local_ctes, schema, pending, join=None)
-    if first.table.public or first.table.privacy_unit is None:
-        what = "is public" if first.table.public else "has no privacy unit (each row is its own unit)"
-        raise reject(
-            f"table {first.table.name!r} {what}: a subquery that "
-            + ("aggregates must GROUP BY a privacy unit" if aggregating else "joins or nests must read a table with a "
-               "privacy unit first") + "; write the query over that table in the outer query instead.",
-            sql, from_.this)
-    for join in body.args.get("joins") or []:
-        _add(inner, join.this, local_ctes, schema, pending, join=join)
-    conditions: list[exp.Expression] = [predicates.check_where(sql, c, _resolver(s)) for c, s in pending]
-    where = body.args.get("where")
-    if where is not None:
-        conditions.append(predicates.check_where(sql, where.this, _resolver(inner)))
-    return inner, (exp.and_(*conditions) if conditions else None)
-
-
-def _resolver(scope: Scope) -> Callable[[exp.Column], Resolved]:
-    from dpsql.analyze.scope import resolve
-
-    return lambda column: resolve(scope, column)
-
-
-def nested_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
-                 schema: Mapping[str, Mapping[str, str]], ctes: Mapping[str, exp.Select]) -> Entry:
-    """A row-level subquery that joins or nests, as a derived table of the joined rows: its
-    projected columns keep their policies (renamed as projected), and it carries the first
-    table's privacy unit (projected, or added as ``__unit``). A computed column is refused
-    (it has no policy; compute it in the outer query)."""
-    from dpsql.analyze.scope import Entry
-
-    sql = scope.sql
+def check_nested(sql: str, body: exp.Select) -> None:
+    """Refuse a joining or nesting subquery with clauses other than WITH, FROM, JOIN and
+    WHERE (checked before its FROM is read)."""
     extra = [k for k, v in body.args.items()
              if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where", "joins", "with", "with_")]
     if extra:
@@ -199,7 +150,14 @@ def nested_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
             f"a CTE or subquery in FROM may project columns of, filter and join policy tables "
             f"({', '.join(k.upper() for k in extra)} found); move aggregates, DISTINCT, ORDER BY and LIMIT to the "
             "outer query.", sql, body)
-    local, condition = inner_scope(scope, body, ctes, schema)
+
+
+def nested_entry(local: Scope, condition: exp.Expr | None, body: exp.Select, name: str, canonical: str) -> Entry:
+    """A row-level subquery that joins or nests, as a derived table of the joined rows
+    (``local``: the scope of its FROM, ``condition``: its row condition): its projected
+    columns keep their policies (renamed as projected), and it carries the first table's
+    privacy unit (projected, or added as ``__unit``). A computed column is refused (it has
+    no policy; compute it in the outer query)."""
     columns: dict[str, ColumnPolicy] = {}
     types: dict[str, str] = {}
     projections: list[exp.Expr] = []
@@ -231,8 +189,6 @@ def nested_entry(scope: Scope, body: exp.Select, name: str, canonical: str,
 def _projected(local: Scope, body: exp.Select) -> list[tuple[str, Resolved]]:
     """(output name, column) of each projected column; ``*`` and ``t.*`` expand to the
     columns a query may use."""
-    from dpsql.analyze.scope import _usable_columns, resolve
-
     out: list[tuple[str, Resolved]] = []
     for item in body.expressions:
         node = item.unalias()
@@ -243,7 +199,7 @@ def _projected(local: Scope, body: exp.Select) -> list[tuple[str, Resolved]]:
             if not entries:
                 raise reject(f"unknown table qualifier {qualifier!r} in {item.sql(dialect=DIALECT)}.", local.sql, item)
             for e in entries:
-                for column in _usable_columns(e):
+                for column in usable_columns(e):
                     if column.startswith("__"):
                         continue  # a linked or derived table's own unit column: carried, not selected
                     out.append((column, resolve(local, exp.column(column, table=e.name))))
@@ -291,8 +247,6 @@ def joined_sources(local: Scope) -> exp.Select:
 
 def _aggregate(sql: str, node: exp.Expression, local: Scope, m: int) -> tuple[exp.Expression, tuple[float, float], str]:
     """(SQL over canonical columns, bounds, engine type) of one inner aggregate."""
-    from dpsql.analyze.scope import resolve
-
     arg = node.this
     if isinstance(node, exp.Count) and (arg is None or isinstance(arg, exp.Star)):
         return exp.Count(this=exp.Star()), (0, m), "BIGINT"

@@ -7,7 +7,7 @@ import math
 
 import sqlglot.expressions as exp
 
-from dpsql.analyze import predicates
+from dpsql.analyze import predicates, public_values
 from dpsql.analyze.clauses import _column, _resolver
 from dpsql.analyze.context import Context
 from dpsql.analyze.parse import DIALECT, point_at, reject
@@ -83,7 +83,7 @@ def _listed_values(ctx: Context, resolved: Resolved) -> tuple[object, ...] | Non
     """Values known without looking at private data: listed by the policy, or read from a
     public table."""
     if resolved.policy.is_public_key:
-        return predicates.check_public_values(resolved.entry.table.name, resolved.policy, resolved.dtype)
+        return public_values.check_public_values(resolved.entry.table.name, resolved.policy, resolved.dtype)
     if resolved.entry.table.public and ctx.public_values is not None:
         return ctx.public_values(resolved.entry.table.name, resolved.policy.name)
     return None
@@ -122,7 +122,7 @@ def _add_expression_key(ctx: Context, node: exp.Expression) -> None:
         if resolved.policy.is_public_key:
             listed.append((resolved.ref.copy(), values))
     enumerable = not private and inputs
-    values = predicates.enumerate_key(ctx.sql, node, canonical, list(inputs.values())) if enumerable else None
+    values = public_values.enumerate_key(ctx.sql, node, canonical, list(inputs.values())) if enumerable else None
     filters = tuple(listed) if values is not None else ()
     ctx.keys[identity] = GroupKey(f"__g{len(ctx.keys)}", None, canonical, values, filters, family)
 

@@ -31,9 +31,9 @@ and every cast in it is written by dpsql, never left to the engine:
     78 ms for the equivalent ``CASE WHEN d BETWEEN ... THEN date_trunc(...) END`` guard (a
     bare ``date_trunc`` in a WHERE was 11 ms only because DuckDB rewrote it into a range
     filter, which then does not fail either);
-  * join keys (:func:`join_equality`) must share a family and, for numbers, an exact
-    common type (a DOUBLE equality could join two people's rows); dates and timestamps
-    must be of one type;
+  * join keys (:func:`dpsql.analyze.joins.join_equality`) must share a family and, for
+    numbers, an exact common type (a DOUBLE equality could join two people's rows); dates
+    and timestamps must be of one type;
   * columns of any other type (INTERVAL, TIME, TIMESTAMP WITH TIME ZONE, BLOB, UUID, BIT,
     ENUM, LIST, ARRAY, STRUCT, MAP ...) can only be tested with IS NULL, and cannot be
     keys.
@@ -45,29 +45,21 @@ engine runs never contains an identifier as the analyst spelled it.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import math
 import re
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Protocol
 
-import duckdb
 import sqlglot.expressions as exp
 
 from dpsql import sqltypes
 from dpsql.analyze.parse import reject
-from dpsql.diagnose import quote
-from dpsql.errors import PolicyError, first_line
-from dpsql.hardened import scratch_rows
+from dpsql.diagnose import quote, with_article
 from dpsql.intervals import ANALYST_CLAMP
 from dpsql.policy import ColumnPolicy
-from dpsql.policy.schema import public_values_problem
 from dpsql.sqltypes import Operand, SqlType
 
-__all__ = [
-    "check_key", "check_public_values", "check_where", "enumerate_key", "family", "is_numeric",
-    "join_equality", "member",
-]
+__all__ = ["Resolver", "check_key", "check_where", "family", "is_numeric"]
 
 
 class _Resolved(Protocol):  # read-only: scope.Resolved is frozen
@@ -182,7 +174,7 @@ class _Checker:
         first = next(quote(self.sql, n) for o, n in zip(operands, nodes) if family.get(id(o)) == shown[0])
         last = next(quote(self.sql, n) for o, n in zip(operands, nodes) if family.get(id(o)) == shown[-1])
         raise reject(
-            f"cannot compare {_a(shown[0])} with {_a(shown[-1])} ({first} and {last}): the implicit cast "
+            f"cannot compare {with_article(shown[0])} with {with_article(shown[-1])} ({first} and {last}): the implicit cast "
             "could fail on some rows. "
             "Compare numbers with numbers, strings with quoted strings, and dates with ISO date "
             "strings such as '2024-01-31'.",
@@ -492,95 +484,3 @@ def check_key(sql: str, node: exp.Expression, resolve: Resolver) -> tuple[exp.Ex
     value = checker.value(node)
     fam = value.type.family
     return checker.emit(value), "string" if fam == "literal" else fam
-
-
-def join_equality(sql: str, left: _Resolved, right: _Resolved, node: exp.Expr | None) -> exp.Expression:
-    """``left = right`` for a JOIN ... ON, in the keys' common type, or a refusal: the types
-    must match in family and, for numbers, have an exact common type (an inexact one could
-    join two people's rows); dates and timestamps must be of one type."""
-    a, b = (Operand(sqltypes.parse_type(r.dtype), r.ref.copy()) for r in (left, right))
-    families = {a.type.family, b.type.family}
-    target: SqlType | None = None
-    if families == {"number"}:
-        target = sqltypes.common_number([a, b])
-        if target.name in ("DOUBLE", "FLOAT") and (a.type.exact or b.type.exact):
-            target = None
-    elif len(families) == 1 and families <= {"string", "boolean"} or a.type == b.type and families <= {"date", "timestamp"}:
-        target = a.type
-    if target is None:
-        raise reject(
-            f"cannot join {_a(left.dtype)} column with {_a(right.dtype)} column: no type holds both "
-            "exactly, so the match could fail or pair the wrong rows on some values. Join on "
-            "columns of the same type (or integer / decimal types that fit in one).",
-            sql,
-            node,
-        )
-    return exp.EQ(this=sqltypes.cast(a, target), expression=sqltypes.cast(b, target))
-
-
-def _a(noun: str) -> str:
-    """``noun`` with its indefinite article."""
-    return f"{'an' if noun[:1].upper() in 'AEIOU' else 'a'} {noun}"
-
-
-def _literal(value: object) -> exp.Expression:
-    return cast(exp.Expression, exp.convert(value))  # sqlglot types convert() as the Expr trait
-
-
-def member(column: exp.Expression, dtype: str, values: tuple[object, ...]) -> exp.Expression:
-    """``column IN (values)`` for a key's listed values, in their common type (the policy's
-    public_values are checked against the column's family when it is loaded)."""
-    kind = sqltypes.parse_type(dtype)
-    operands = [Operand(kind, column.copy())]
-    for v in values:
-        if isinstance(v, bool) or v is None:
-            operands.append(Operand(sqltypes.BOOLEAN if v is not None else sqltypes.NULL, _literal(v)))
-        elif isinstance(v, (int, float)):
-            operands.append(sqltypes.number_literal(str(v) if isinstance(v, int) else repr(v)))
-        else:
-            operands.append(Operand(_TEXT, _literal(v), str(v)))
-    typed = [o for o in operands if o.type.family not in ("null",)]
-    target = sqltypes.common_number(typed) if kind.family == "number" else kind
-    this, *items = (sqltypes.cast(o, target) for o in operands)
-    return exp.In(this=this, expressions=items)
-
-
-#: Expression keys over public columns are enumerated only up to this many input combinations.
-MAX_ENUMERATED = 100_000
-
-
-
-def enumerate_key(
-    sql: str, node: exp.Expression, expression: exp.Expression, inputs: list[tuple[exp.Column, tuple[object, ...]]]
-) -> tuple[object, ...] | None:
-    """The distinct values of a key expression over every combination of its inputs'
-    public values, computed on a data-free scratch DuckDB; ``None`` when there are too many."""
-    if math.prod(len(v) for _, v in inputs) > MAX_ENUMERATED:
-        return None
-    names = {ref.sql(): f"__c{i}" for i, (ref, _) in enumerate(inputs)}
-    local = expression.copy().transform(
-        lambda n: exp.column(names[n.sql()], quoted=True) if isinstance(n, exp.Column) and n.sql() in names else n
-    )
-    rows = list(itertools.product(*(values for _, values in inputs)))
-    values = exp.Values(
-        expressions=[exp.tuple_(*[exp.convert(v) for v in row]) for row in rows],
-        alias=exp.TableAlias(
-            this=exp.to_identifier("__grid"), columns=[exp.to_identifier(n, quoted=True) for n in names.values()]
-        ),
-    )
-    query = exp.select(exp.alias_(local, "k", quoted=True)).from_(values).distinct()
-    query = query.order_by(exp.column("k", quoted=True))
-    try:
-        result = scratch_rows(query.sql(dialect="duckdb"))
-    except duckdb.Error as e:
-        raise reject(f"this GROUP BY expression cannot be evaluated: {first_line(e)}", sql, node) from None
-    return tuple(r[0] for r in result)
-
-
-def check_public_values(table: str, column: ColumnPolicy, dtype: str) -> tuple[object, ...]:
-    """The column's public values, checked against its type so a key never fails to cast
-    (the same check as ``dpsql policy check --db``)."""
-    problem = public_values_problem(column, dtype)
-    if problem:
-        raise PolicyError(f"table {table!r}, column {column.name!r}: {problem}.")
-    return tuple(column.public_values or ())

@@ -1,50 +1,15 @@
-"""FROM, JOIN and row-level CTEs / subqueries -> a :class:`Scope` of canonical sources.
+"""The :class:`Scope` of a query: the tables it reads, under canonical aliases, and each
+column reference resolved against the policy (:func:`resolve`: its policy, type and
+canonical reference, or a refusal naming what the query may use).
 
-Accepted shapes, and why each is safe (contribution bounding runs *after* the join, on the
-joined rows of each unit, so a join that repeats rows cannot raise the sensitivity):
-
-- one private table (the *primary* one: its privacy unit is the unit of every joined row);
-- ``[INNER | LEFT] JOIN`` a public table (``public = true``) on equalities of columns;
-  its columns may be filtered and grouped by, and its keys are public (their values are
-  read from the public table itself);
-- ``[INNER | LEFT] JOIN`` another private table on the two privacy units (plus any other
-  equalities); the caps compose (see "Joined private tables" below);
-- a CTE or a subquery in FROM that only projects columns (``*`` or columns, renamed or
-  not) and filters rows of one policy table: it is inlined; one that joins, nests or
-  aggregates per unit is a derived table (:mod:`dpsql.analyze.derived`);
-- a LEFT JOIN's ON may add row-level conditions to its equalities (checked like WHERE).
-
-Joined private tables (DESIGN §4, issue 15). Neighbours differ in all rows of one unit, in
-every table at once. Private tables join on their units, so a joined row ``(a, b)`` has
-``a.unit = b.unit``: removing unit ``u`` removes exactly the joined rows of ``u`` and no
-other (a LEFT JOIN's unmatched rows belong to the left row's unit). The rewrite then bounds
-each unit on the *joined* rows: at most ``L0`` groups, at most ``R`` rows per group (a sum
-weighed down to R rows), whatever the join produced. So one unit moves one group's exact
-sum by at most ``R * row_bound`` and touches at most ``L0`` groups: L1 sensitivity
-``L0 R row_bound``, L2 ``sqrt(L0) R row_bound``, exactly as for one table, with
-
-- ``R = R_1 * R_2`` (the product of the row caps): a unit within both tables' caps has at
-  most ``R_1`` rows on one side and ``R_2`` on the other in a group, so at most ``R_1 R_2``
-  joined rows, and keeps them all. The earlier rule, the smaller cap, kept one joined row
-  per person of a 1:N join (``customers`` R = 1 joined to ``orders`` R = 10) and biased
-  its COUNT five- to tenfold;
-- ``L0 = max(L0_1, L0_2)`` applied to the joined groups: the variety the owner allowed on
-  the more varied table (``customers`` L0 = 1 joined to ``orders`` L0 = 4 grouped by
-  month keeps up to 4 months per customer, not 1). The product would also be sound, and
-  would pay noise for combinations the owner allowed on neither table.
-
-``tests/test_join_caps.py`` checks the caps, that a 1:N join's COUNT and SUM cover the truth
-at the reported 95% (statistically), and audits the sensitivity (``dpsql audit``).
-
-Refused, with the reason: RIGHT, FULL, CROSS and NATURAL joins, joins without an equality
-in ON, private tables joined on anything but their units (or a privacy_link key), a public
-table first in FROM (the private table must come first), and CTEs or subqueries that
-compute columns, limit, or aggregate without grouping by the unit.
+:mod:`dpsql.analyze.sources` builds the scope from FROM and JOIN; :mod:`dpsql.analyze.joins`
+checks each JOIN's ON (and says why joined private tables' caps compose as they do);
+:mod:`dpsql.analyze.derived` makes a table of a subquery that aggregates per unit, joins or
+nests.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,13 +17,12 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from dpsql.analyze.parse import point_at, reject
-from dpsql.analyze.predicates import check_where, join_equality
 from dpsql.diagnose import did_you_mean
 from dpsql.errors import PolicyViolation
 from dpsql.plan import SOURCE_ALIAS, Source
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 
-__all__ = ["Resolved", "Scope", "build_scope", "resolve"]
+__all__ = ["Entry", "Pending", "Resolved", "Scope", "resolve", "usable_columns"]
 
 
 @dataclass
@@ -94,7 +58,7 @@ class Scope:
 
     @property
     def max_rows_per_unit(self) -> int:
-        """The product of the private tables' row caps (see the module docstring)."""
+        """The product of the private tables' row caps (:mod:`dpsql.analyze.joins`)."""
         return math.prod(t.max_rows_per_unit for t in self.private_tables())
 
     @property
@@ -145,7 +109,7 @@ def _visible(entry: Entry, name: str) -> bool:
     return name.casefold() in entry.types
 
 
-def _usable_columns(entry: Entry) -> list[str]:
+def usable_columns(entry: Entry) -> list[str]:
     """The names a query may use from ``entry``: listed, not denied, in the table (as a
     CTE or subquery renames them), and the privacy unit."""
     usable = {c.name for c in entry.table.columns.values() if c.access != "deny" and c.name.casefold() in entry.types}
@@ -163,7 +127,7 @@ def _in_entry(scope: Scope, entry: Entry, column: exp.Column) -> Resolved:
     policy = entry.table.column(name)
     dtype = entry.types.get(name.casefold())
     if policy is None or dtype is None:
-        allowed = _usable_columns(entry)  # never a denied or unlisted name (issue 20)
+        allowed = usable_columns(entry)  # never a denied or unlisted name (issue 20)
         raise PolicyViolation(
             f"column {column.name!r} of table {entry.table.name!r} is not in the policy, so it is "
             f"denied (policies fail closed).{did_you_mean(column.name, allowed) or ' Ask the data owner to list it.'}"
@@ -178,336 +142,6 @@ def _in_entry(scope: Scope, entry: Entry, column: exp.Column) -> Resolved:
     return Resolved(policy, dtype, ref, entry)
 
 
-# -- building the scope ------------------------------------------------------------------
-
-
+#: Inlined subqueries' WHERE conditions still to check, each with the one-table scope its
+#: columns resolve in.
 Pending = list[tuple[exp.Expression, Scope]]
-
-
-def build_scope(
-    sql: str, select: exp.Select, policy: Policy, schema: Mapping[str, Mapping[str, str]]
-) -> tuple[Scope, Pending]:
-    """The scope of ``select``, and the inlined subqueries' WHERE conditions still to check
-    (each with the one-table scope its columns resolve in)."""
-    scope = Scope(sql=sql, policy=policy)
-    ctes = _ctes(sql, select)
-    pending: Pending = []
-    from_ = select.args.get("from_") or select.args.get("from")
-    assert from_ is not None, "the clause checks refuse a query without FROM"
-    first = _add(scope, from_.this, ctes, schema, pending, join=None)
-    if first.table.public:
-        raise reject(
-            f"table {first.table.name!r} is public: put the private table first in FROM and join "
-            "public tables to it (dpsql answers queries over private tables).",
-            sql,
-            from_.this,
-        )
-    for join in select.args.get("joins") or []:
-        _add(scope, join.this, ctes, schema, pending, join=join)
-    return scope, pending
-
-
-def _ctes(sql: str, select: exp.Select) -> dict[str, exp.Select]:
-    with_ = select.args.get("with_") or select.args.get("with")
-    if with_ is None:
-        return {}
-    if with_.args.get("recursive"):
-        raise reject("recursive CTEs are not supported.", sql, with_)
-    return {cte.alias.casefold(): cte.this for cte in with_.expressions}
-
-
-def _add(
-    scope: Scope,
-    node: exp.Expression,
-    ctes: dict[str, exp.Select],
-    schema: Mapping[str, Mapping[str, str]],
-    pending: Pending,
-    join: exp.Join | None,
-) -> Entry:
-    canonical = scope.alias if not scope.entries else f"{scope.alias}{len(scope.entries)}"
-    left = join is not None and (join.side or "").upper() == "LEFT"
-    if isinstance(node, exp.Subquery):
-        entry, where = _inline(scope, node.this, node.alias_or_name or "subquery", canonical, schema, node, ctes, left)
-    elif isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in ctes:
-        entry, where = _inline(scope, ctes[node.name.casefold()], node.alias_or_name, canonical, schema, node, ctes, left)
-    else:
-        entry, where = _table_entry(scope, node, canonical, schema), None
-    if entry.name.casefold() in scope.entries:
-        raise reject(f"{entry.name!r} appears twice in FROM; give each table its own alias.", scope.sql, node)
-    if not entry.table.public and entry.table.privacy_unit is None and any(e.table is entry.table for e in scope.entries.values()):
-        raise reject(
-            f"table {entry.table.name!r} is joined to itself and has no privacy unit: each row is its own "
-            "unit, so a self-join would mix units; write the query over one copy of the table.",
-            scope.sql,
-            node,
-        )
-    # A private table joined to itself must be joined on its unit (_check_unit_join): every
-    # joined row is then one unit's, and bounding after the join caps it (issue 14).
-    scope.entries[entry.name.casefold()] = entry
-    if where is not None:
-        pending.append(where)
-    on = None if join is None else _join_condition(scope, join, entry)
-    kind = "from" if join is None else ("left" if join.side.upper() == "LEFT" else "inner")
-    types = tuple(sorted(entry.types.items())) if entry.query is not None else ()
-    scope.sources.append(Source(alias=canonical, table=entry.table.name, join=kind, on=on, query=entry.query, types=types))
-    return entry
-
-
-def _table_entry(scope: Scope, node: exp.Expression, canonical: str, schema: Mapping[str, Mapping[str, str]]) -> Entry:
-    sql = scope.sql
-    if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
-        raise reject(
-            "FROM must name policy tables; table functions, file paths and lateral joins are not allowed.",
-            sql,
-            node,
-        )
-    if node.args.get("db") or node.args.get("catalog"):
-        raise reject("refer to the table by its name alone, without a schema or database.", sql, node)
-    name = node.this.this
-    table = scope.policy.table(name)
-    if table is None or name.casefold() not in schema:
-        allowed = ", ".join(sorted(t.name for t in scope.policy.tables.values()))
-        suggestion = did_you_mean(name, [t.name for t in scope.policy.tables.values()])
-        raise PolicyViolation(
-            f"table {name!r} is not in the policy, so it may not be read.{suggestion} Tables you may "
-            f"query: {allowed}.\n{point_at(sql, node)}"
-        )
-    if table.privacy_link is not None:
-        return _linked_entry(scope, node.alias_or_name, table, canonical, schema)
-    return Entry(node.alias_or_name, table, schema[name.casefold()], canonical)
-
-
-#: The column a linked table's rows carry their privacy unit in, once read through the link.
-LINKED_UNIT = "__unit"
-
-
-def _linked_entry(scope: Scope, name: str, table: TablePolicy, canonical: str,
-                  schema: Mapping[str, Mapping[str, str]]) -> Entry:
-    """A table with a ``privacy_link``, read joined to the table it references, so that each
-    row carries its unit (issue 14, item 4): ``SELECT l.*, p.unit AS __unit FROM t l JOIN
-    parent p ON l.column = p.referenced``, following links until a table with a unit. A row
-    whose key matches no parent row belongs to no unit and is dropped; one whose key
-    matches several (a key that is not unique) is one row per parent, each of that
-    parent's unit, never a row shared between units."""
-    query, unit_type = _link_query(scope, table, schema, depth=0)
-    linked = dataclasses.replace(table, privacy_unit=LINKED_UNIT, privacy_link=None)
-    types = {**schema[table.name.casefold()], LINKED_UNIT: unit_type}
-    return Entry(name, linked, types, canonical, query=query, link=table.privacy_link)
-
-
-def _link_query(scope: Scope, table: TablePolicy, schema: Mapping[str, Mapping[str, str]],
-                depth: int) -> tuple[exp.Select, str]:
-    assert table.privacy_link is not None
-    column, target_name, target_column = table.privacy_link
-    target = scope.policy.table(target_name)
-    if target is None or depth > 16:
-        raise reject(f"the privacy_link of table {table.name!r} cannot be followed; check the policy.", scope.sql)
-    child, parent = f"__l{depth}", f"__p{depth}"
-    if target.privacy_link is not None:
-        inner, unit_type = _link_query(scope, target, schema, depth + 1)
-        source: exp.Expression = inner.subquery(exp.to_identifier(parent, quoted=True))
-        unit = exp.column(LINKED_UNIT, table=parent, quoted=True)
-        parent_types: Mapping[str, str] = {**schema[target.name.casefold()], LINKED_UNIT: unit_type}
-    else:
-        source = exp.Table(this=exp.to_identifier(target.name, quoted=True),
-                           alias=exp.TableAlias(this=exp.to_identifier(parent, quoted=True)))
-        assert target.privacy_unit is not None
-        unit = exp.column(target.privacy_unit, table=parent, quoted=True)
-        parent_types = schema[target.name.casefold()]
-        unit_type = parent_types[target.privacy_unit.casefold()]
-    own_types = schema[table.name.casefold()]
-    left = _Key(own_types[column.casefold()], exp.column(column, table=child, quoted=True))
-    right = _Key(parent_types[target_column.casefold()], exp.column(target_column, table=parent, quoted=True))
-    on = join_equality(scope.sql, left, right, None)  # type: ignore[arg-type]
-    query = (exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(child, quoted=True)),
-                        exp.alias_(unit, LINKED_UNIT, quoted=True))
-             .from_(exp.Table(this=exp.to_identifier(table.name, quoted=True),
-                              alias=exp.TableAlias(this=exp.to_identifier(child, quoted=True))))
-             .join(source, on=on))
-    return query, unit_type
-
-
-@dataclass(frozen=True)
-class _Key:
-    """One side of a link's join, as :func:`join_equality` reads it."""
-
-    dtype: str
-    ref: exp.Column
-
-
-def _inline(
-    scope: Scope,
-    body: exp.Expression,
-    name: str,
-    canonical: str,
-    schema: Mapping[str, Mapping[str, str]],
-    node: exp.Expression,
-    ctes: dict[str, exp.Select] | None = None,
-    left: bool = False,
-) -> tuple[Entry, tuple[exp.Expression, Scope] | None]:
-    """A CTE or FROM subquery that only projects and filters one table, as an entry; one
-    that aggregates per unit, joins or nests is a derived table (:mod:`dpsql.analyze.derived`)."""
-    sql = scope.sql
-    if not isinstance(body, exp.Select):
-        raise reject("a CTE or subquery in FROM must be one SELECT.", sql, node)
-    from dpsql.analyze import derived  # late: it builds entries of this module
-
-    if derived.aggregates(body):
-        return derived.per_unit_entry(scope, body, name, canonical, schema, node, ctes or {}), None
-    if derived.nests(body, ctes or {}):
-        return derived.nested_entry(scope, body, name, canonical, schema, ctes or {}), None
-    if left and body.args.get("where") is not None:
-        # A LEFT-joined subquery's WHERE filters its own rows before the join; inlined into
-        # the outer WHERE it would also drop the left rows it leaves unmatched.
-        first = body.args.get("from_") or body.args.get("from")
-        table = scope.policy.table(first.this.name) if first is not None and isinstance(first.this, exp.Table) else None
-        if table is not None and table.public:
-            raise reject("a LEFT-joined subquery over a public table may not filter its rows; put the condition in "
-                         "the JOIN's ON instead (ON a.k = b.k AND <condition>).", sql, node)
-        return derived.nested_entry(scope, body, name, canonical, schema, ctes or {}), None
-    extra = [k for k, v in body.args.items() if v not in (None, [], False) and k not in ("expressions", "from", "from_", "where")]
-    inner_from = body.args.get("from_") or body.args.get("from")
-    if extra or inner_from is None or not isinstance(inner_from.this, exp.Table):
-        what = ", ".join(k.upper() for k in extra) or "a FROM of one table"
-        raise reject(
-            f"a CTE or subquery in FROM may only project columns and filter rows of one policy "
-            f"table ({what} found); move aggregates, joins and limits to the outer query.",
-            sql,
-            body,
-        )
-    inner = _table_entry(scope, inner_from.this, canonical, schema)
-    renames = _projection(scope, body, inner)
-    entry = Entry(name, inner.table, inner.types, canonical, renames)
-    where = body.args.get("where")
-    if where is not None:  # the condition refers to the inner table by its own name
-        inner_scope = Scope(sql=sql, policy=scope.policy, entries={inner.name.casefold(): inner})
-        return entry, (where.this, inner_scope)
-    return entry, None
-
-
-def _projection(scope: Scope, body: exp.Select, inner: Entry) -> dict[str, str] | None:
-    renames: dict[str, str] = {}
-    local = Scope(sql=scope.sql, policy=scope.policy, entries={inner.name.casefold(): inner})
-    for item in body.expressions:
-        if isinstance(item, exp.Star):
-            return None
-        column = item.this if isinstance(item, exp.Alias) else item
-        if not isinstance(column, exp.Column) or isinstance(column.this, exp.Star):
-            if isinstance(column, exp.Column):
-                return None
-            raise reject(
-                "a CTE or subquery in FROM may only select columns (computed columns have no "
-                "clipping bounds); compute in the outer query instead.",
-                scope.sql,
-                item,
-            )
-        resolved = resolve(local, column)
-        renames[item.alias_or_name.casefold()] = resolved.policy.name
-    return renames
-
-
-def _join_condition(scope: Scope, join: exp.Join, entry: Entry) -> exp.Expr:
-    sql = scope.sql
-    side = (join.side or "").upper()
-    kind = (join.kind or "").upper()
-    if side in ("RIGHT", "FULL") or kind == "CROSS" or (kind == "OUTER" and side != "LEFT") or join.args.get("method"):
-        raise reject(
-            f"{' '.join(filter(None, [join.args.get('method'), side, kind])) or 'this'} JOIN is not "
-            "supported: use [INNER] JOIN or LEFT JOIN with the private table first.",
-            sql,
-            join,
-        )
-    on = join.args.get("on")
-    if on is None:
-        raise reject("a JOIN needs an ON condition (cross joins are not supported).", sql, join)
-    pairs, equalities = _equalities(scope, on)
-    if not entry.table.public:
-        if _follows_a_link(scope, entry, pairs):
-            # rows joined through a privacy_link belong to one unit: say so, so that a key
-            # that is not unique can never pair one unit's rows with another's
-            equalities.append(_unit_equality(scope, entry))
-        else:
-            _check_unit_join(scope, entry, pairs, join)
-    return exp.and_(*equalities)
-
-
-def _follows_a_link(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Resolved]]) -> bool:
-    """Whether the join equates a linked table's link column with the column it references
-    in the referenced table (either side new)."""
-    for a, b in pairs:
-        for x, y in ((a, b), (b, a)):
-            link = x.entry.link
-            if link is None or entry not in (x.entry, y.entry) or x.entry is y.entry:
-                continue
-            column, target, target_column = link
-            if (x.policy.name.casefold() == column.casefold()
-                    and y.entry.table.name.casefold() == target.casefold()
-                    and y.policy.name.casefold() == target_column.casefold()):
-                return True
-            if (y.entry.link == link and x.policy.name.casefold() == column.casefold()
-                    and y.policy.name.casefold() == column.casefold()):
-                return True  # two linked tables on one link key (lineitem a JOIN lineitem b ON a.l_orderkey = b.l_orderkey)
-    return False
-
-
-def _unit_equality(scope: Scope, entry: Entry) -> exp.Expression:
-    primary = scope.primary
-    mine = resolve(scope, exp.column(entry.table.privacy_unit or "", table=entry.name))
-    theirs = resolve(scope, exp.column(primary.table.privacy_unit or "", table=primary.name))
-    return join_equality(scope.sql, mine, theirs, None)
-
-
-def _equalities(scope: Scope, on: exp.Expression) -> tuple[list[tuple[Resolved, Resolved]], list[exp.Expression]]:
-    """The column pairs of ``on`` and their equalities, each in the keys' exact common type
-    (:func:`dpsql.analyze.predicates.join_equality`: a join on keys of different types must not
-    fail, nor match, on some values only)."""
-    conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
-    pairs, equalities = [], []
-    others: list[exp.Expression] = []
-    for c in conjuncts:
-        c = c.unnest()
-        if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
-            assert isinstance(c, exp.Expression)
-            others.append(c)
-            continue
-        a, b = resolve(scope, c.this), resolve(scope, c.expression)
-        equalities.append(join_equality(scope.sql, a, b, c))
-        pairs.append((a, b))
-    if not pairs:
-        raise reject("JOIN ... ON needs an equality of columns (other conditions may follow it with AND).",
-                     scope.sql, on)
-    # The rest of a (LEFT) join's ON: row-level conditions, checked total like WHERE (an
-    # inner join's were moved to WHERE by dpsql.normalize). They pick which rows pair, and
-    # every pair is still one unit's: the unit equality is required all the same.
-    equalities += [check_where(scope.sql, c, lambda column: resolve(scope, column)) for c in others]
-    return pairs, equalities
-
-
-def _check_unit_join(scope: Scope, entry: Entry, pairs: list[tuple[Resolved, Resolved]], join: exp.Join) -> None:
-    primary = scope.primary
-    if primary.table.privacy_unit is None or entry.table.privacy_unit is None:
-        raise reject(
-            "two private tables can be joined only on their privacy units, and one of these "
-            "tables has none (each row is its own unit).",
-            scope.sql,
-            join,
-        )
-    for a, b in pairs:
-        ends = {a.entry.canonical, b.entry.canonical}
-        if a.is_unit and b.is_unit and ends == {primary.canonical, entry.canonical}:
-            return
-    units = [_unit_name(e) for e in (primary, entry)]
-    raise reject(
-        f"private tables {primary.table.name!r} and {entry.table.name!r} can be joined only on their "
-        f"privacy units ({units[0]} = {units[1]}); any other join key could mix different people's rows.",
-        scope.sql,
-        join,
-    )
-
-
-def _unit_name(entry: Entry) -> str:
-    """The unit column as the analyst can write it (a linked table's is its link column)."""
-    if entry.link is not None:
-        column, table, target = entry.link
-        return f"{column}, linked to {table}.{target}"
-    return str(entry.table.privacy_unit)

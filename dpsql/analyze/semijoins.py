@@ -28,7 +28,10 @@ import sqlglot.expressions as exp
 from dpsql.analyze import predicates
 from dpsql.analyze.context import Context
 from dpsql.analyze.parse import reject
+from dpsql.analyze.derived import joined_sources
+from dpsql.analyze.joins import join_equality
 from dpsql.analyze.scope import Resolved, Scope, resolve
+from dpsql.analyze.sources import inner_scope
 from dpsql.errors import PolicyViolation, QueryRejected
 
 __all__ = ["compile_semijoins", "lift_semijoins", "restored"]
@@ -96,8 +99,6 @@ def _reads_private(ctx: Context, body: exp.Select) -> bool:
 
 
 def _compile(ctx: Context, node: exp.Expr) -> exp.Expr:
-    from dpsql.analyze.derived import inner_scope, joined_sources
-
     sql = ctx.sql
     negated = isinstance(node, exp.Not)
     core = (node.this if negated else node).unnest()
@@ -139,7 +140,7 @@ def _compile(ctx: Context, node: exp.Expr) -> exp.Expr:
         left, right = resolve(outer, core.this), resolve(inner, selected)
         if _tied(left, right):
             ties.append((left, right))
-        conditions.append(predicates.join_equality(sql, left, right, core))
+        conditions.append(join_equality(sql, left, right, core))
     if not ties:
         raise reject(
             "an IN / EXISTS subquery over private rows must be tied to the outer row's privacy unit "
@@ -201,4 +202,4 @@ def _unit_equality(ctx: Context, inner: Scope, outer: Scope) -> exp.Expr:
     theirs = outer.primary
     a = resolve(inner, exp.column(str(mine.table.privacy_unit), table=mine.name))
     b = resolve(outer, exp.column(str(theirs.table.privacy_unit), table=theirs.name))
-    return predicates.join_equality(ctx.sql, a, b, None)
+    return join_equality(ctx.sql, a, b, None)

@@ -38,8 +38,8 @@ from dpsql.audit.stats import TOTAL, Bound, is_number, lower_bound
 from dpsql.connection import Connection
 from dpsql.opener import connect
 from dpsql.errors import BudgetExceeded, Error
-from dpsql.noise import DiscreteGaussian, gdp_mu
-from dpsql.plan import QueryPlan
+from dpsql.noise import gdp_mu
+from dpsql.plan import GaussianParams, QueryPlan
 from dpsql.policy import Budget, Policy, load_policy
 
 __all__ = ["AuditReport", "audit", "neighbour_database"]
@@ -165,7 +165,7 @@ def audit(
 def _claimed_mu(plan: QueryPlan) -> float | None:
     """mu of the (epsilon, delta) claim when every noisy quantity is Gaussian (no selection)."""
     if (plan.selection is not None or plan.value_releases or not plan.measurements or plan.delta <= 0
-            or not all(isinstance(m.noise, DiscreteGaussian) for m in plan.measurements)):
+            or not all(isinstance(m.noise, GaussianParams) for m in plan.measurements)):
         return None
     return gdp_mu(plan.epsilon, plan.delta)
 

@@ -32,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from dpsql.plan import QueryPlan
+from dpsql.noise import noise_std, scale
+from dpsql.plan import Measurement, QueryPlan, Selection, ValueRelease
 
 __all__ = [
     "EVENTS_VERSION",
@@ -43,6 +44,7 @@ __all__ = [
     "UnknownEvent",
     "ValueReleaseEvent",
     "decode",
+    "describe",
     "encode",
     "event_from_description",
     "events_of",
@@ -133,20 +135,50 @@ _TYPES: dict[str, type[DpEvent]] = {
 }
 
 
+def describe(quantity: Measurement | Selection | ValueRelease) -> dict[str, object]:
+    """The JSON-able description of one noisy quantity of a plan, for the ledger and reports
+    (its noise's standard deviation or scale from :mod:`dpsql.noise`: the plan holds only
+    the noise's parameters)."""
+    if isinstance(quantity, ValueRelease):
+        return quantity.describe()
+    if isinstance(quantity, Selection):
+        return {
+            "measurement": "partition_selection",
+            "mechanism": "laplace_threshold",
+            "epsilon": quantity.epsilon,
+            "delta": quantity.delta,
+            "threshold": quantity.threshold,
+            "noise_scale": scale(quantity.noise),
+        }
+    m = quantity
+    return {
+        "measurement": m.kind,
+        "column": m.column,
+        "bounds": list(m.bounds) if m.bounds is not None else None,
+        "bounds_from": m.bounds_from if m.bounds is not None else None,
+        "mechanism": m.mechanism,
+        "epsilon": m.epsilon,
+        "mu": m.mu,
+        "sensitivity": m.group_sensitivity,
+        "lattice": m.lattice,
+        "noise_std": noise_std(m),
+    }
+
+
 def events_of(plan: QueryPlan) -> tuple[DpEvent, ...]:
     """The events a plan releases, built from its typed fields: partition selection, then
     each measurement, then each value release (the order the ledger has always shown)."""
     events: list[DpEvent] = []
     if plan.selection is not None:
         s = plan.selection
-        events.append(PartitionSelectionEvent(epsilon=s.epsilon, delta=s.delta, description=s.describe()))
+        events.append(PartitionSelectionEvent(epsilon=s.epsilon, delta=s.delta, description=describe(s)))
     for m in plan.measurements:
         if m.mechanism == "gaussian":
-            events.append(GaussianEvent(mu=m.mu, description=m.describe()))
+            events.append(GaussianEvent(mu=m.mu, description=describe(m)))
         else:
-            events.append(LaplaceEvent(epsilon=m.epsilon, description=m.describe()))
+            events.append(LaplaceEvent(epsilon=m.epsilon, description=describe(m)))
     for r in plan.value_releases:
-        events.append(ValueReleaseEvent(epsilon=r.epsilon, delta=r.delta, description=r.describe()))
+        events.append(ValueReleaseEvent(epsilon=r.epsilon, delta=r.delta, description=describe(r)))
     return tuple(events)
 
 

@@ -40,14 +40,14 @@ import numpy as np
 import pyarrow as pa
 
 from dpsql.analyze.calibrate import square_offset
-from dpsql.noise import RandomSource
-from dpsql.errors import QueryRejected
-from dpsql.plan import Aggregate, GroupKey, LaplaceNoise, Measurement, QueryPlan, ValueRelease
+from dpsql.errors import InternalError, QueryRejected
+from dpsql.noise import RandomSource, half_width, noise_std, sample, scale
+from dpsql.plan import Aggregate, GroupKey, LaplaceParams, Measurement, QueryPlan, ValueRelease
 from dpsql.release.spread import spread_half_widths, stddev_half_width
 from dpsql.release.udf import UDFRelease
 from dpsql.release.values import key_tuples, release_values
 
-__all__ = ["complete_groups", "noisy_schema", "noisy_table", "select_partitions"]
+__all__ = ["complete_groups", "count_half_width", "half_width", "noisy_schema", "noisy_table", "select_partitions"]
 
 Z95 = 1.959963984540054
 _SATURATE = 2**62
@@ -78,19 +78,8 @@ def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, source: RandomS
     if m.shift < 0:
         limit = _SATURATE >> -m.shift
         values = np.clip(values, -limit, limit) << -m.shift
-    released: np.ndarray = values + m.noise.sample(len(values), source)
+    released: np.ndarray = values + sample(m.noise, len(values), source)
     return released
-
-
-def half_width(m: Measurement, confidence: float = 0.95) -> float:
-    """``m.half_width(confidence)``, remembered per noise: the exact discrete Gaussian
-    quantile sums up to 12 sigma of weights (about 20 ms at sigma = 5e4) on every call."""
-    return _quantile_abs(m.noise, confidence) * m.lattice
-
-
-@functools.lru_cache(maxsize=4096)
-def _quantile_abs(noise: object, confidence: float) -> float:
-    return float(noise.quantile_abs(confidence))  # type: ignore[attr-defined]
 
 
 def count_half_width(m: Measurement) -> float:
@@ -111,7 +100,7 @@ def select_partitions(plan: QueryPlan, exact: pa.Table, source: RandomSource | N
     if plan.selection is None:
         return exact
     units = exact[plan.selection.name].to_numpy().astype(np.int64, copy=False)
-    noisy = units + plan.selection.noise.sample(len(units), source)
+    noisy = units + sample(plan.selection.noise, len(units), source)
     return exact.filter(pa.array(noisy >= plan.selection.threshold))
 
 
@@ -210,12 +199,12 @@ def average_half_width(
     m = np.abs(np.clip(np.asarray(centred_mean, dtype=np.float64), (lo - hi) / 2, (hi - lo) / 2))
     names = {total.mechanism, count.mechanism}
     if names == {"gaussian"}:
-        q = Z95 * np.sqrt(total.noise_std**2 + m**2 * count.noise_std**2)
+        q = Z95 * np.sqrt(noise_std(total)**2 + m**2 * noise_std(count)**2)
     elif names == {"laplace"}:
         q = _laplace_difference_quantile(_laplace_scale(total), m * _laplace_scale(count))
     else:  # mixed noise: each term at 97.5%, together >= 95% by the union bound
         q = half_width(total, 0.975) + m * half_width(count, 0.975)
-    denominator = np.asarray(count_value, dtype=np.float64) - count.noise_std / 2
+    denominator = np.asarray(count_value, dtype=np.float64) - noise_std(count) / 2
     positive = denominator > 0
     widths = np.where(positive, q / np.where(positive, denominator, 1.0), np.inf)
     return np.minimum(widths, hi - lo)
@@ -224,7 +213,9 @@ def average_half_width(
 def _laplace_scale(m: Measurement) -> float:
     """The scale b of the continuous Laplace whose tails bound the discrete noise's,
     in column units: P(|Z| > k) = 2 p^(k+1) / (1 + p) <= exp(-k / scale)."""
-    return float(cast(LaplaceNoise, m.noise).scale) * m.lattice  # called for Laplace measurements only
+    if not isinstance(m.noise, LaplaceParams):
+        raise InternalError(f"{m.name} has no Laplace scale: its noise is {m.noise.kind}")
+    return scale(m.noise) * m.lattice
 
 
 def _laplace_difference_quantile(b1: float, b2: np.ndarray) -> np.ndarray:
@@ -300,7 +291,7 @@ def _mechanism(*measurements: Measurement) -> str:
 
 def _noise_scales(*measurements: Measurement) -> tuple[float, float, float]:
     """Laplace scales (Laplace noise) or standard deviations (otherwise), in column units."""
-    return tuple(_laplace_scale(m) if m.mechanism == "laplace" else m.noise_std for m in measurements)  # type: ignore[return-value]
+    return tuple(_laplace_scale(m) if m.mechanism == "laplace" else noise_std(m) for m in measurements)  # type: ignore[return-value]
 
 
 _ARROW_TYPES = {

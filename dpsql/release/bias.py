@@ -55,16 +55,18 @@ from typing import Any
 import pyarrow as pa
 import sqlglot.expressions as exp
 
+from dpsql.analyze.budget import BIAS_SHARE, bias_split  # the split is the analyzer's
 from dpsql.engine import Engine
 from dpsql.noise import DiscreteLaplace, RandomSource, laplace_noise
 from dpsql.plan import Measurement, QueryPlan
+from dpsql.privacy.events import LaplaceEvent
 from dpsql.result import Result
 from dpsql.rewrite import (  # the query's own FROM, joins, WHERE and columns
-    _col,
     _row_id,
     _rows,
     _unit,
 )
+from dpsql.rewrite_nodes import column as _col
 
 __all__ = [
     "BIAS_SHARE",
@@ -73,7 +75,7 @@ __all__ = [
     "CellBias",
     "Quantity",
     "attach",
-    "bias_mechanisms",
+    "bias_events",
     "bias_query",
     "bias_split",
     "clip_per_unit",
@@ -81,8 +83,6 @@ __all__ = [
     "quantities",
 ]
 
-#: The share of a query's epsilon the estimates take.
-BIAS_SHARE = 0.1
 #: Dropped rows (or clipped values) counted per unit: at most CLIP_FACTOR x R x L0.
 CLIP_FACTOR = 10
 #: Fixed-point steps per row of the sums.
@@ -192,20 +192,6 @@ class BiasEstimate:
                 f"{self.epsilon:g} of this query's charge")
 
 
-def bias_split(epsilon: float) -> tuple[float, float]:
-    """The query's epsilon and the estimates', from the epsilon asked: ``1 - BIAS_SHARE`` of
-    it plans the query (the analyzer checks it), the rest goes to the estimates. A value
-    that is not a number is passed on for the analyzer to refuse.
-
-    >>> bias_split(1.0)
-    (0.9, 0.1)
-    """
-    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
-        return epsilon, 0.0
-    query = epsilon * (1 - BIAS_SHARE)
-    return query, query * BIAS_SHARE / (1 - BIAS_SHARE)
-
-
 def clip_per_unit(plan: QueryPlan) -> int:
     """C: how many dropped rows (or clipped values) of one unit are counted."""
     return CLIP_FACTOR * plan.max_rows_per_unit * plan.max_groups_per_unit
@@ -231,9 +217,10 @@ def quantities(plan: QueryPlan, epsilon: float) -> tuple[Quantity, ...]:
     return tuple(out)
 
 
-def bias_mechanisms(plan: QueryPlan, epsilon: float) -> tuple[dict[str, object], ...]:
-    """The ledger's description of the estimates."""
-    return tuple(q.describe() for q in quantities(plan, epsilon))
+def bias_events(plan: QueryPlan, epsilon: float) -> tuple[LaplaceEvent, ...]:
+    """The estimates' typed privacy events: one discrete Laplace vector each, ``epsilon``-DP
+    at its share (:func:`quantities`), with the ledger's description."""
+    return tuple(LaplaceEvent(epsilon=q.epsilon, description=q.describe()) for q in quantities(plan, epsilon))
 
 
 def _value(q: Quantity) -> exp.Expression:
@@ -286,7 +273,7 @@ def estimate_bias(plan: QueryPlan, engine: Engine, epsilon: float, groups: pa.Ta
 
     Returns the totals and ``groups`` with one column ``__bias<i>`` per quantity (the noisy
     estimate of each group, in rows or values), for :func:`cells`. Charge
-    ``bias_mechanisms(plan, epsilon)`` before calling this."""
+    ``bias_events(plan, epsilon)`` before calling this."""
     qs = quantities(plan, epsilon)
     keys = [k.name for k in plan.group_keys]
     exact = engine.run(bias_query(plan, engine, qs)).to_pylist()
