@@ -216,8 +216,10 @@ def test_with_deadlines_the_hold_covers_both_passes(database) -> None:
 def test_analyst_estimate_agrees_with_the_owners_report(tmp_path) -> None:
     """Skewed data (Pareto rows per unit, at most 60, so no unit passes the clip C = 160):
     the rows the owner's bounding report says the caps drop (dpsql.bounding, exact) are what
-    the analyst's estimate estimates: within its own 95% interval in at least 17 of 20 runs
-    (binomial at 95%: P(more than 3 misses) = 1.6%), and the report matches numpy."""
+    the analyst's estimate estimates: within its own 95% interval in at least 51 of 60 runs
+    (binomial at 95%: P(more than 9 misses) = 0.07%; an interval half as wide as it should be
+    misses a Laplace draw 22% of the time, and fails this with probability 89%), and the
+    report matches numpy."""
     from dpsql.bounding import table_report
 
     rng = np.random.default_rng(29)
@@ -231,8 +233,8 @@ def test_analyst_estimate_agrees_with_the_owners_report(tmp_path) -> None:
     assert dropped == int(np.maximum(rows - 8, 0).sum()) > 0.2 * len(u)  # the caps bite
     misses = 0
     with dpsql.connect(path, policy=parse_policy(POLICY), analyst="o", repeats=False) as conn:
-        for _ in range(20):
+        for _ in range(60):
             b = conn.execute("SELECT COUNT(*) AS n FROM t", epsilon=10.0, bias=True).bias
             assert b is not None
             misses += abs(b.dropped_rows - dropped) > b.half_width
-    assert misses <= 3
+    assert misses <= 9
