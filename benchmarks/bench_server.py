@@ -28,6 +28,13 @@ average is printed with the figures.
     python benchmarks/bench_server.py --write         # ... also appended to benchmarks/RESULTS.md
     python benchmarks/bench_server.py --clients 4 --seconds 5 --workers 1
     python benchmarks/bench_server.py --deadline-base-ms 5 --deadline-ms-per-million-rows 200  # pinned model
+    python benchmarks/bench_server.py --compare /tmp/old-checkout   # two servers, phases interleaved
+
+``--compare DIR`` starts a second server from the dpsql code in ``DIR`` (another checkout, e.g.
+``git archive main | tar -x -C DIR``) on its own copy of the database, policy and tokens,
+and runs every throughput phase against both, alternating, so both see the same machine load:
+the ratio between them is the figure to trust on a shared machine. Each phase also records the
+1-minute load average at its start.
 """
 
 from __future__ import annotations
@@ -75,6 +82,12 @@ def main() -> int:
     parser.add_argument("--slack", type=float, default=None, help="[server] deadline_slack (default: the policy's)")
     parser.add_argument("--deadline-base-ms", type=float, default=None, help="pin the speed model (with the next)")
     parser.add_argument("--deadline-ms-per-million-rows", type=float, default=None)
+    parser.add_argument("--compare", default=None, metavar="DIR",
+                        help="also run a server from the dpsql code in DIR, phases interleaved with this one's")
+    parser.add_argument("--compare-workers", type=int, default=None, help="the compared server's --workers")
+    parser.add_argument("--compare-deadline-base-ms", type=float, default=None,
+                        help="pin the compared server's model (with the next; its formula may differ)")
+    parser.add_argument("--compare-deadline-ms-per-million-rows", type=float, default=None)
     parser.add_argument("--write", action="store_true", help=f"also append the report to {RESULTS}")
     args = parser.parse_args()
 
@@ -86,26 +99,42 @@ def main() -> int:
         policy.write_text(_bench_policy(args))
         tokens = {f"bench{i}": create_token(home / "auth.toml", f"bench{i}") for i in range(args.clients + 1)}
         load_before = os.getloadavg()
-        server = _start_server(db, policy, home, args.workers)
+        codes = [("this", ROOT)] + ([("compared", Path(args.compare).resolve())] if args.compare else [])
+        servers: list[tuple[subprocess.Popen[bytes], str]] = []
         runs: dict[str, dict[str, object]] = {}
         kinds = [("new queries", True)] + ([("repeats", False)] if args.repeats else [])
+        exit_codes: list[int] = []
         try:
-            location = server[1]
+            for name, code in codes:
+                folder = home / name
+                folder.mkdir()
+                own = policy
+                if name == "compared" and args.compare_deadline_base_ms is not None:
+                    own = folder / "policy.toml"
+                    own.write_text(_bench_policy(args, args.compare_deadline_base_ms,
+                                                 args.compare_deadline_ms_per_million_rows))
+                workers = args.compare_workers if name == "compared" and args.compare_workers else args.workers
+                servers.append(_start_server(db, own, home / "auth.toml", folder, workers, code))
             overhead_token = tokens.pop(f"bench{args.clients}")
             for kind, fresh in kinds:
-                network, embedded = _sequential(location, overhead_token, db, policy,
+                network, embedded = _sequential(servers[0][1], overhead_token, db, policy,
                                                 home / "embedded-ledger.sqlite", args.repeat, fresh)
                 runs[kind] = {"network": network, "embedded": embedded}
-            throughput = _throughput(location, list(tokens.values()), args.seconds, kinds, args.rounds, server[0].pid)
+            throughput = _throughput([loc for _, loc in servers], list(tokens.values()), args.seconds, kinds,
+                                     args.rounds, [proc.pid for proc, _ in servers])
             for kind, _ in kinds:
-                runs[kind]["throughput"] = throughput[kind]
+                runs[kind]["throughput"] = throughput[0][kind]
+                if len(servers) > 1:
+                    runs[kind]["compared"] = throughput[1][kind]
         finally:
-            code = _stop_server(server[0])
-        model = next((line.split("deadlines: ", 1)[1] for line in (home / "server.log").read_text().splitlines()
-                      if "deadlines: " in line), "?")
-        overruns = (home / "server.log").read_text().count("ran past its deadline")
+            for proc, _ in servers:
+                exit_codes.append(_stop_server(proc))
+        logs = [(home / name / "server.log").read_text() for name, _ in codes]
+        models = [next((line.split("deadlines: ", 1)[1] for line in text.splitlines() if "deadlines: " in line), "?")
+                  for text in logs]
+        overruns = [text.count("ran past its deadline") + text.count("missed its deadline") for text in logs]
         load_after = os.getloadavg()
-    report = _report(args, runs, load_before, load_after, code, model, overruns)
+    report = _report(args, runs, load_before, load_after, exit_codes, models, overruns, [str(c) for _, c in codes])
     print(report)
     if args.write:
         with open(RESULTS, "a", encoding="utf-8") as f:
@@ -113,15 +142,16 @@ def main() -> int:
     return 0
 
 
-def _bench_policy(args: argparse.Namespace) -> str:
+def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_million_ms: float | None = None) -> str:
     """The demo policy with a budget and a rate limit that the benchmark cannot exhaust."""
     text = (ROOT / "policies" / "demo.toml").read_text()
     server = ["queries_per_minute = 100000000"]
     if args.slack is not None:
         server.append(f"deadline_slack = {args.slack}")
-    if args.deadline_base_ms is not None:
-        server += [f"deadline_base_ms = {args.deadline_base_ms}",
-                   f"deadline_ms_per_million_rows = {args.deadline_ms_per_million_rows}"]
+    if base_ms is None:
+        base_ms, per_million_ms = args.deadline_base_ms, args.deadline_ms_per_million_rows
+    if base_ms is not None:
+        server += [f"deadline_base_ms = {base_ms}", f"deadline_ms_per_million_rows = {per_million_ms}"]
     lines = []
     for line in text.splitlines():
         if line.startswith("default = {"):
@@ -137,14 +167,15 @@ def _bench_policy(args: argparse.Namespace) -> str:
 # ---------------------------------------------------------------- the server
 
 
-def _start_server(db: Path, policy: Path, home: Path, workers: int | None) -> tuple[subprocess.Popen[bytes], str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _start_server(db: Path, policy: Path, auth: Path, home: Path, workers: int | None,
+                  code: Path) -> tuple[subprocess.Popen[bytes], str]:
+    env = {**os.environ, "PYTHONPATH": str(code) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log = open(home / "server.log", "wb")
     extra = [] if workers is None else ["--workers", str(workers)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "dpsql", "serve", "--db", str(db), "--policy", str(policy),
-         "--ledger", str(home / "ledger.sqlite"), "--auth", str(home / "auth.toml"), "--port", "0", *extra],
-        stdout=subprocess.PIPE, stderr=log, env=env,
+         "--ledger", str(home / "ledger.sqlite"), "--auth", str(auth), "--port", "0", *extra],
+        stdout=subprocess.PIPE, stderr=log, env=env, cwd=str(home),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()  # the server prints this line once it listens, or exits
@@ -188,20 +219,23 @@ def _sequential(location: str, token: str, db: Path, policy: Path, ledger: Path,
     return network, embedded
 
 
-def _client_worker(location: str, token: str, commands: Any, barrier: Any, out: Any) -> None:
-    """Warm up, say so, then for each command (fresh, seconds): wait for the others at the
-    barrier, query back to back for ``seconds``, report; ``None`` ends."""
+def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any, out: Any) -> None:
+    """Warm up, say so, then for each command (server, fresh, seconds): wait for the others
+    at the barrier, query that server back to back for ``seconds``, report; ``None`` ends."""
     tag = f"w{os.getpid()}"
     i = 0
-    with dpsql.Client(location, token=token) as client:
-        for j in range(6):  # warm: the server verifies the token once, makes the Connection
-            try:
-                client.execute(new_query(tag + "warm", j) if j < 5 else QUERY, epsilon=EPSILON)
-            except dpsql.QueryFailed:  # an overrun on a loaded machine: counted in the phases
-                pass
+    clients = [dpsql.Client(location, token=token) for location in locations]
+    try:
+        for client in clients:
+            for j in range(6):  # warm: the server verifies the token once, makes the Connection
+                try:
+                    client.execute(new_query(tag + "warm", j) if j < 5 else QUERY, epsilon=EPSILON)
+                except dpsql.QueryFailed:  # an overrun on a loaded machine: counted in the phases
+                    pass
         out.put(("ready", os.getpid()))
         while (command := commands.get()) is not None:
-            fresh, seconds = command
+            server, fresh, seconds = command
+            client = clients[server]
             latencies: list[float] = []
             errors = 0
             barrier.wait(300)
@@ -217,6 +251,9 @@ def _client_worker(location: str, token: str, commands: Any, barrier: Any, out: 
                     continue
                 latencies.append(time.perf_counter() - start)
             out.put((latencies, errors))
+    finally:
+        for client in clients:
+            client.close()
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -235,50 +272,61 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
-def _throughput(location: str, tokens: list[str], seconds: float, kinds: list[tuple[str, bool]], rounds: int,
-                server_pid: int) -> dict[str, dict[str, float]]:
+def _throughput(locations: list[str], tokens: list[str], seconds: float, kinds: list[tuple[str, bool]],
+                rounds: int, server_pids: list[int]) -> list[dict[str, dict[str, float]]]:
+    """Per server, per kind: throughput, latency quantiles, server CPU per query, errors
+    and the load average at the start of each phase. Phases alternate: round by round,
+    kind by kind, server by server."""
     context = mp.get_context("spawn")
     out = context.Queue()
     barrier = context.Barrier(len(tokens) + 1)
     commands = [context.Queue() for _ in tokens]
-    workers = [context.Process(target=_client_worker, args=(location, t, c, barrier, out))
+    workers = [context.Process(target=_client_worker, args=(locations, t, c, barrier, out))
                for t, c in zip(tokens, commands)]
     for w in workers:
         w.start()
     for _ in workers:  # every client imported, connected and warmed up
         out.get(timeout=300)
     phase = seconds / rounds
-    gathered: dict[str, list[float]] = {kind: [] for kind, _ in kinds}
-    errors = dict.fromkeys(gathered, 0)
-    cpu = dict.fromkeys(gathered, 0.0)
+    servers = range(len(locations))
+    gathered: list[dict[str, list[float]]] = [{kind: [] for kind, _ in kinds} for _ in servers]
+    errors = [dict.fromkeys(gathered[0], 0) for _ in servers]
+    cpu = [dict.fromkeys(gathered[0], 0.0) for _ in servers]
+    loads: list[dict[str, list[float]]] = [{kind: [] for kind, _ in kinds} for _ in servers]
     for _ in range(rounds):
         for kind, fresh in kinds:
-            for c in commands:
-                c.put((fresh, phase))
-            barrier.wait(300)
-            before = _cpu_seconds(server_pid)
-            results = [out.get(timeout=phase + 300) for _ in workers]
-            cpu[kind] += _cpu_seconds(server_pid) - before
-            for lats, errs in results:
-                gathered[kind] += lats
-                errors[kind] += errs
+            for server in servers:
+                for c in commands:
+                    c.put((server, fresh, phase))
+                loads[server][kind].append(os.getloadavg()[0])
+                barrier.wait(300)
+                before = _cpu_seconds(server_pids[server])
+                results = [out.get(timeout=phase + 300) for _ in workers]
+                cpu[server][kind] += _cpu_seconds(server_pids[server]) - before
+                for lats, errs in results:
+                    gathered[server][kind] += lats
+                    errors[server][kind] += errs
     for c in commands:
         c.put(None)
     for w in workers:
         w.join(30)
-    report = {}
-    for kind, _ in kinds:
-        latencies = sorted(gathered[kind])
-        report[kind] = {
-            "queries": len(latencies),
-            "errors": errors[kind],
-            "qps": len(latencies) / seconds,
-            "p50_ms": 1e3 * _quantile(latencies, 0.50),
-            "p99_ms": 1e3 * _quantile(latencies, 0.99),
-            "max_ms": 1e3 * latencies[-1] if latencies else float("nan"),
-            "cpu_ms": 1e3 * cpu[kind] / max(1, len(latencies)),
-        }
-    return report
+    reports = []
+    for server in servers:
+        report = {}
+        for kind, _ in kinds:
+            latencies = sorted(gathered[server][kind])
+            report[kind] = {
+                "queries": len(latencies),
+                "errors": errors[server][kind],
+                "qps": len(latencies) / seconds,
+                "p50_ms": 1e3 * _quantile(latencies, 0.50),
+                "p99_ms": 1e3 * _quantile(latencies, 0.99),
+                "max_ms": 1e3 * latencies[-1] if latencies else float("nan"),
+                "cpu_ms": 1e3 * cpu[server][kind] / max(1, len(latencies) + errors[server][kind]),
+                "load": statistics.mean(loads[server][kind]),
+            }
+        reports.append(report)
+    return reports
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -291,8 +339,9 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
-            load_before: tuple[float, float, float], load_after: tuple[float, float, float], code: int,
-            model: str, overruns: int) -> str:
+            load_before: tuple[float, float, float], load_after: tuple[float, float, float], codes: list[int],
+            models: list[str], overruns: list[int], sources: list[str]) -> str:
+    compared = len(sources) > 1
     lines = [
         f"## Server: {args.clients} clients, small queries ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
@@ -302,8 +351,15 @@ def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
         "*New queries* each have a new alias, so each is planned, run, noised, charged (ledger "
         "fsync) and stored for repeats (answers-file fsync); *repeats* ask one query again and "
         "again, answered free from the stored answer. Throughput phases interleaved: "
-        f"{args.rounds} rounds of new then repeats; server `--workers {args.workers or 'default (one per core)'}`; "
-        f"deadline model {model}; overruns {overruns}.",
+        f"{args.rounds} rounds of new then repeats{' (each on both servers, alternating)' if compared else ''}; "
+        f"server `--workers {args.workers or 'default (one per core)'}`; "
+        f"deadline model {models[0]}; overruns {overruns[0]}.",
+    ]
+    if compared:
+        lines[-1] += (f" Compared server: code from `{sources[1]}`, `--workers "
+                      f"{args.compare_workers or args.workers or 'default'}`, deadline model {models[1]}, overruns "
+                      f"{overruns[1]}.")
+    lines += [
         "",
         "| measure | " + " | ".join(runs) + " | goal |",
         "|---|" + "---|" * len(runs) + "---|",
@@ -312,19 +368,31 @@ def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
         (f"throughput, {args.clients} client processes, {args.seconds:g} s", [], ">= 300 q/s new, 1,000 repeats"),
         ("latency p50 / p99 / max under that load", [], "p99 <= 50 ms"),
         ("server CPU per query (server + workers)", [], ""),
+        ("load average (1 min) at the phases' starts, mean", [], ""),
+    ]
+    if compared:
+        rows += [
+            ("compared server: throughput", [], ""),
+            ("compared server: latency p50 / p99 / max", [], ""),
+            ("compared server: CPU per query", [], ""),
+            ("compared server: load at its phases' starts", [], ""),
+            ("throughput, this / compared", [], ""),
+        ]
+    rows += [
         (f"one client alone, median of {args.repeat}", [], ""),
         (f"embedded API (`dpsql.connect`), median of {args.repeat}", [], ""),
         ("network path overhead (difference)", [], ""),
         ("embedded pipeline's share of a network query", [], ""),
     ]
     for run in runs.values():
-        t: dict[str, float] = run["throughput"]  # type: ignore[assignment]
+        cells = _cells(run["throughput"])  # type: ignore[arg-type]
+        if compared:
+            other: dict[str, float] = run["compared"]  # type: ignore[assignment]
+            cells += _cells(other)
+            cells.append(f"{run['throughput']['qps'] / max(other['qps'], 1e-9):.2f}x")  # type: ignore[index]
         net = 1e3 * statistics.median(run["network"])  # type: ignore[arg-type]
         emb = 1e3 * statistics.median(run["embedded"])  # type: ignore[arg-type]
-        cells = [
-            f"{t['qps']:.0f} q/s ({t['queries']:.0f} queries, {t['errors']:.0f} errors)",
-            f"{t['p50_ms']:.1f} / {t['p99_ms']:.1f} / {t['max_ms']:.1f} ms",
-            f"{t['cpu_ms']:.2f} ms",
+        cells += [
             f"{net:.2f} ms",
             f"{emb:.2f} ms",
             f"{net - emb:.2f} ms ({net / emb:.2f}x)",
@@ -333,8 +401,17 @@ def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
         for row, cell in zip(rows, cells):
             row[1].append(cell)
     lines += [f"| {name} | " + " | ".join(cells) + f" | {goal} |" for name, cells, goal in rows]
-    lines += ["", f"Server exit code on SIGTERM: {code}."]
+    lines += ["", f"Server exit codes on SIGTERM: {', '.join(map(str, codes))}."]
     return "\n".join(lines)
+
+
+def _cells(t: dict[str, float]) -> list[str]:
+    return [
+        f"{t['qps']:.0f} q/s ({t['queries']:.0f} queries, {t['errors']:.0f} errors)",
+        f"{t['p50_ms']:.1f} / {t['p99_ms']:.1f} / {t['max_ms']:.1f} ms",
+        f"{t['cpu_ms']:.2f} ms",
+        f"{t['load']:.1f}",
+    ]
 
 
 def _load(load: tuple[float, float, float]) -> str:

@@ -26,7 +26,7 @@ server's own, one per core). ``--busy`` adds the contention caveat of several sl
 the guarded LIKE back to back, so one worker is busy with a run that is heavy only on D'
 while the attack's query runs in another; the attack must still not tell D from D'.
 
-The machine's speed is measured once (``dpsql.timing.calibrate``) and pinned in both servers'
+The machine's speed is measured once (``dpsql.calibration.calibrate``) and pinned in both servers'
 policies (``[server] deadline_base_ms``, ``deadline_ms_per_million_rows``): the comparison
 is of two databases behind one server configuration.
 """
@@ -56,7 +56,8 @@ from scipy import stats  # noqa: E402
 import dpsql  # noqa: E402
 from dpsql.auth import TokenVerifier, create_token  # noqa: E402
 from dpsql.pgwire.scram import store_verifier  # noqa: E402
-from dpsql.timing import TimingModel, calibrate  # noqa: E402
+from dpsql.calibration import calibrate  # noqa: E402
+from dpsql.timing import TimingModel  # noqa: E402
 from _shared import append_results, cpu_model, ram_gib  # noqa: E402
 
 UNITS = 20_000

@@ -135,7 +135,7 @@ class Connection:
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
         self._plans: dict[tuple[str, float | None, float | None, str | None, bool], QueryPlan] = {}
-        self._reader = Reader(engine, noise_source)
+        self._reader = Reader(engine, noise_source, self._udfs)
         self._answers: RepeatCache | None = None
         self._timing = timing
         if repeats and hasattr(engine, "data_version"):
@@ -207,7 +207,7 @@ class Connection:
         plan = self._bound_plan(sql, epsilon, delta, dialect, normalized=normalized, bias=bias)
         self._post.check(plan, noisy_schema(plan))
         for release in plan.value_releases:  # refusals the release would make: before the charge
-            check_strategy(release.target, plan.delta)  # type: ignore[arg-type]
+            check_strategy(release.target, plan.delta)
         return plan
 
     def _public_rows(self, query: exp.Select) -> list[tuple[object, ...]]:
@@ -287,7 +287,8 @@ class Connection:
         """``analyze`` then ``bind``: the one place a plan is made (no data, no charge)."""
         return bind(analyze(
             sql, self._policy, self._engine.schema(), epsilon=epsilon, delta=delta,
-            public_values=self._public_values, udfs=self._udfs, dialect=dialect, public_rows=self._public_rows,
+            public_values=self._public_values, udfs={name: udf.spec for name, udf in self._udfs.items()},
+            dialect=dialect, public_rows=self._public_rows,
             normalized=normalized, bias=bias,
         ), self._engine)
 
@@ -363,6 +364,25 @@ class Connection:
         result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, values)
         names = [n for n in per_group.column_names if n.startswith("__bias")]
         return attach(result, plan, estimate, self._post.carry(plan, per_group, names), charge.epsilon)
+
+    def answer_plan(self, plan: QueryPlan, sql: str, late: threading.Event | None = None, *,
+                    bias: bool = False) -> Result:
+        """The charge, read and release of :meth:`execute` for a plan that a Connection of the
+        same analyst, policy and database made (a server's front, :mod:`dpsql.workers`):
+        no planning, no hold (``late``: the deadline, :meth:`dpsql.timing.Timing.run_until`),
+        nothing of the plan kept. ``bias``: with the bias estimates, as ``execute(bias=True)``."""
+        self._check_open()
+        if late is not None and late.is_set():
+            # It waited past its deadline (the analyst has QueryFailed already): charged as an
+            # overrun is, and nothing read, so a backlog costs the workers little.
+            self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge_of(plan, sql))
+            raise QueryFailed()
+        try:
+            if bias:
+                return self._execute_with_bias(plan, sql, late)
+            return self._answer(plan, sql, late)
+        finally:
+            self._reader.forget()  # the plan came from elsewhere: never asked again here
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""

@@ -38,7 +38,7 @@ import sqlglot.expressions as exp
 
 from dpsql.engine import DuckDBEngine
 from dpsql.errors import Error, PolicyError, first_line
-from dpsql.hardened import lock, open_private
+from dpsql.hardened import lock, open_for_data
 
 __all__ = [
     "OpenedSources", "SourcesEngine", "cli_database", "export_parquet", "open_engine", "open_sources",
@@ -143,7 +143,7 @@ def open_sources(sources: Mapping[str, object]) -> OpenedSources:
         PolicyError: a source that names no readable file, a DuckDB file or table that
             cannot be opened, a file DuckDB cannot read, or an object that is no source.
     """
-    con = open_private()
+    con = open_for_data()
     allowed: list[str] = []
     identity: list[str] = []
     try:

@@ -9,6 +9,15 @@ configuration locked, so no later statement can switch anything back on. What ne
 external access (``ATTACH`` of the data file, the ``allowed_paths`` of a source list) is
 done between :func:`open_private` and :func:`lock`.
 
+Spilling. An instance that reads private data (:func:`open_for_data`: the engines')
+spills to a folder of its own, made for it under the system's temporary folder with mode
+0700 and removed when the connection is collected (or at exit). DuckDB's default for an
+in-memory instance is ``.tmp`` in the working directory, which may not be writable (a query
+that needs to spill would then fail) and, with the default umask, readable by other local
+users, while the spilled blocks hold private rows. The memory limit and the thread count stay
+DuckDB's defaults, public facts of the machine (80% of its RAM, one thread per core): what a
+query may use never depends on the data.
+
 >>> con = scratch()
 >>> con.execute("SELECT 1 + 1").fetchall()
 [(2,)]
@@ -18,11 +27,14 @@ done between :func:`open_private` and :func:`lock`.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
+import weakref
 
 import duckdb
 
-__all__ = ["CONFIG", "lock", "open_private", "scratch", "scratch_rows"]
+__all__ = ["CONFIG", "lock", "open_for_data", "open_private", "scratch", "scratch_rows"]
 
 #: Settings every dpsql DuckDB opens with (fixed at start-up).
 CONFIG: dict[str, str | bool | int | float | list[str]] = {
@@ -42,6 +54,19 @@ def open_private(**settings: str | bool | int | float) -> duckdb.DuckDBPyConnect
     """A new private in-memory DuckDB with :data:`CONFIG` and ``settings`` (such as
     ``threads=1``), not yet locked: set it up, then call :func:`lock`."""
     return duckdb.connect(":memory:", config={**CONFIG, **settings})
+
+
+def open_for_data(**settings: str | bool | int | float) -> duckdb.DuckDBPyConnection:
+    """:func:`open_private` for an instance that reads private data: with a private spill
+    folder of its own (see the module docstring)."""
+    folder = tempfile.mkdtemp(prefix="dpsql-spill-")  # mode 0700
+    try:
+        con = open_private(temp_directory=folder, **settings)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weakref.finalize(con, shutil.rmtree, folder, True)
+    return con
 
 
 def lock(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:

@@ -16,7 +16,8 @@ from dpsql.local.store import ReportStore
 from dpsql.noise import RandomSource
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.privacy import Ledger
-from dpsql.timing import Timing, TimingModel, calibrate, table_sizes
+from dpsql.calibration import calibrate
+from dpsql.timing import Timing, TimingModel, table_sizes
 
 __all__ = ["connect"]
 

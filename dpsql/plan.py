@@ -18,9 +18,8 @@ which is post-processing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import sqlglot.expressions as exp
 
@@ -234,7 +233,7 @@ class ValueRelease:
 
     Attributes:
         name: its aggregate column in the noisy table.
-        target: a :class:`~dpsql.release.udf.QuantileSpec` or a registered :class:`~dpsql.release.udf.UDF`.
+        target: a :class:`QuantileSpec`, or the :class:`UDFSpec` of a registered function.
         column: the policy column whose values it reads; ``source`` its table's alias.
         epsilon: epsilon per group (the query's share divided by the groups a unit may
             touch): 5% of it buys the noisy unit count, the rest the answer.
@@ -243,7 +242,7 @@ class ValueRelease:
     """
 
     name: str
-    target: object
+    target: QuantileSpec | UDFSpec
     column: str
     source: str
     epsilon: float
@@ -266,7 +265,7 @@ class ValueRelease:
     def describe(self) -> dict[str, object]:
         return {
             "measurement": "value_release",
-            "function": getattr(self.target, "name", "udf"),
+            "function": self.target.name,
             "column": self.column,
             "mechanism": "udf_auto",
             "epsilon": self.epsilon,
@@ -381,28 +380,25 @@ class QueryPlan:
 
 
 @dataclass(frozen=True)
-class UDF:
-    """A registered function (frozen; build it with :func:`validate_udf`).
+class UDFSpec:
+    """What a plan knows of a registered function: plain data. Its code (``fn``, its local
+    sensitivity) stays in the connection's registry (:class:`dpsql.release.udf.UDF`, whose
+    ``spec`` this is), and the release looks it up by ``name``.
 
     Attributes:
         name: the SQL name, lower case.
-        fn: takes one block's values (a read-only float64 numpy array), returns a float.
         bounds: ``(lo, hi)``: answers are clipped into it; a failed block gives the midpoint.
-        local_sensitivity: ``(values, k) -> float``, or None (see :mod:`dpsql.release.udf.ptr`).
+        has_local_sensitivity: whether a local sensitivity was registered (PTR and smooth
+            sensitivity need one).
         strategy: "auto", "ptr", "smooth" or "sample_and_aggregate".
         time_limit: seconds one sample-and-aggregate block may run.
     """
 
     name: str
-    fn: Callable[[Any], object]
     bounds: tuple[float, float]
-    local_sensitivity: Callable[[Any, int], float] | None = None
+    has_local_sensitivity: bool = False
     strategy: Strategy = "auto"
     time_limit: float = DEFAULT_TIME_LIMIT
-
-    @property
-    def has_local_sensitivity(self) -> bool:
-        return self.local_sensitivity is not None
 
 
 @dataclass(frozen=True)

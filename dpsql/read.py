@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+from collections.abc import Mapping
 
 import pyarrow as pa
 import sqlglot.expressions as exp
@@ -22,6 +23,7 @@ from dpsql.errors import QueryFailed
 from dpsql.noise import RandomSource
 from dpsql.plan import QueryPlan
 from dpsql.release import noisy_table
+from dpsql.release.udf import UDF
 from dpsql.rewrite import Bounded, bounded_query, value_query
 
 __all__ = ["Reader"]
@@ -35,11 +37,15 @@ class Reader:
     Args:
         engine: where the data is.
         source: for tests only: a seeded noise source (production noise: the OS CSPRNG).
+        udfs: the registered functions' code, by name (the connection's registry, read
+            when a plan's value release names one; plans hold only their specs).
     """
 
-    def __init__(self, engine: Engine, source: RandomSource | None = None) -> None:
+    def __init__(self, engine: Engine, source: RandomSource | None = None,
+                 udfs: Mapping[str, UDF] | None = None) -> None:
         self._engine = engine
         self._source = source
+        self._udfs: Mapping[str, UDF] = {} if udfs is None else udfs
         self._prepared: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded]] = {}
 
     def read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
@@ -81,4 +87,4 @@ class Reader:
         """Noisy aggregates, fetching first the values order statistics and UDFs read."""
         values = {r.name: self._engine.run(value_query(plan, r)) for r in plan.value_releases}
         report: dict[str, list[object]] = {}
-        return noisy_table(plan, exact, self._source, values=values, report=report), report
+        return noisy_table(plan, exact, self._source, values=values, report=report, udfs=self._udfs), report

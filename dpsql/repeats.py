@@ -116,7 +116,7 @@ __all__ = [
 ]
 
 #: Bump when the key or the stored answer changes meaning: old answers are then ignored.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: the key's SQL is the analyzer's normalised text, not parsed again
 ANSWERS_SUFFIX = ".answers"
 REPEAT_NOTE = "repeat: served from cache, charged nothing"
 _FILE_FORMAT = "dpsql-answers"
@@ -218,7 +218,8 @@ def normalise_sql(sql: str) -> str:
 def plan_key(plan: QueryPlan, *, analyst: str, policy: str, data: str) -> str:
     """The key of a plan's answer: the query as the analyzer read it, its (epsilon, delta),
     its noise, the policy's fingerprint and the data's version (never its contents)."""
-    return repeat_key(analyst=analyst, sql=plan.normalized or plan.sql, epsilon=plan.epsilon, delta=plan.delta,
+    sql = plan.normalized or normalise_sql(plan.sql)  # the analyzer's text is normalised already
+    return repeat_key(analyst=analyst, sql=sql, epsilon=plan.epsilon, delta=plan.delta,
                       policy=policy, noise=described(plan), data=data)
 
 
@@ -238,11 +239,12 @@ def repeat_key(
     noise: Sequence[Mapping[str, Any]],
     data: str,
 ) -> str:
-    """The cache key of one query (see the module docstring)."""
+    """The cache key of one query (see the module docstring); ``sql`` already normalised
+    (:func:`normalise_sql`, or the analyzer's text: not parsed again here)."""
     parts = {
         "format": CACHE_FORMAT,
         "analyst": analyst,
-        "sql": normalise_sql(sql),
+        "sql": sql,
         "epsilon": repr(float(epsilon)),
         "delta": repr(float(delta)),
         "policy": policy,

@@ -15,12 +15,12 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from dpsql.codec import jsonable
-from dpsql.plan import QueryPlan, ValueRelease
+from dpsql.plan import QueryPlan, UDFSpec, ValueRelease
 from dpsql.privacy import Charge
 from dpsql.noise import noise_std
 from dpsql.privacy.events import describe, events_of
 from dpsql.release.bias import bias_events
-from dpsql.release.udf.registry import UDF, choose_strategy
+from dpsql.release.udf.registry import choose_strategy
 from dpsql.result import Accuracy, ColumnPrivacy, PrivacyReport, Result
 
 __all__ = ["charge_of", "described", "fresh_result", "listed_keys_result", "privacy_report", "uses_udf", "with_values"]
@@ -66,7 +66,7 @@ def listed_keys_result(plan: QueryPlan, post: _Postprocessor, sql: str) -> Resul
 def uses_udf(plan: QueryPlan) -> bool:
     """Whether a registered UDF answers part of the query: its code is not part of the
     repeat key, so such queries are answered afresh (and charged) every time."""
-    return any(isinstance(r.target, UDF) for r in getattr(plan, "value_releases", ()))
+    return any(isinstance(r.target, UDFSpec) for r in getattr(plan, "value_releases", ()))
 
 
 def described(plan: QueryPlan) -> tuple[dict[str, object], ...]:
@@ -119,7 +119,7 @@ def _expected_value_privacy(releases: list[ValueRelease]) -> ColumnPrivacy:
     described = []
     for r in releases:
         eps = r.answer_epsilon
-        strategy, why = choose_strategy(r.target, _NOMINAL_UNITS, eps, r.delta, rows_per_unit=r.rows_per_unit)  # type: ignore[arg-type]
+        strategy, why = choose_strategy(r.target, _NOMINAL_UNITS, eps, r.delta, rows_per_unit=r.rows_per_unit)
         described.append(jsonable({**describe(r), "mechanism": names[strategy], "why": why,
                                    "decided": "per group at run time"}))
     mechanism = "+".join(sorted({str(d["mechanism"]) for d in described}))

@@ -1,7 +1,8 @@
 """The service behind every server front (Flight, Postgres): one shared engine, policy and
 ledger, a connection per analyst, deadlines always on (:mod:`dpsql.timing`) and a
-per-analyst query rate limit. With ``workers`` > 1, queries run in a pool of worker
-processes (:mod:`dpsql.workers`), one deadline slot each; explain and budget stay here."""
+per-analyst query rate limit. With ``workers`` > 1, the engine work of fresh queries runs
+in a pool of worker processes (:mod:`dpsql.workers`) and answers are held to their
+deadlines here (the release-only hold); planning, repeats, explain and budget stay here."""
 
 from __future__ import annotations
 
@@ -17,16 +18,16 @@ from typing import Any
 from dpsql.connection import Connection
 from dpsql.datasources import open_engine
 from dpsql.engine import DuckDBEngine
-from dpsql.errors import QueryFailed, RateLimited
+from dpsql.errors import RateLimited
 from dpsql.explain import Explanation
 from dpsql.local.store import ReportStore
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.privacy import BudgetStatus, Ledger
 from dpsql.result import Result
-from dpsql.timing import Timing, TimingModel, available_cores, calibrate, contention, table_sizes, warm_up
+from dpsql.calibration import calibrate, warm_up
+from dpsql.timing import ReleaseTiming, Timing, TimingModel, available_cores, contention, table_sizes
 from dpsql.errors import Error
-from dpsql.release.bias import DEADLINE_FACTOR
-from dpsql.workers import WorkerDied, WorkerPool, WorkerSpec
+from dpsql.workers import FrontConnection, WorkerPool, WorkerSpec
 
 __all__ = ["RateLimiter", "Service", "server_timing"]
 
@@ -80,7 +81,7 @@ class Service:
         pool: WorkerPool | None = None
         try:
             check_against_schema(loaded, engine.schema())
-            timing = server_timing(loaded, engine, model, slots=workers)
+            timing = server_timing(loaded, engine, model, slots=workers, front=workers > 1)
             book = Ledger(ledger, accountant=loaded.accountant)  # as dpsql.connect does
             store = None if reports is None else ReportStore(reports)
             if workers > 1:
@@ -117,7 +118,11 @@ class Service:
                 raise Error("the dpsql server is shutting down; try again when it is back.")
             conn = self._connections.get(analyst)
             if conn is None:
-                conn = Connection(self._engine, self._policy, analyst, self._ledger, **self._shared)
+                if self.pool is not None:  # plans, refusals and repeats here; engine work in a worker
+                    conn = FrontConnection(self._engine, self._policy, analyst, self._ledger, pool=self.pool,
+                                           **self._shared)
+                else:
+                    conn = Connection(self._engine, self._policy, analyst, self._ledger, **self._shared)
                 self._connections[analyst] = conn
             return conn
 
@@ -128,29 +133,7 @@ class Service:
         asks for the bias estimates (:mod:`dpsql.release.bias`, inside the same deadline);
         ``dialect``: the SQL dialect ``sql`` is written in (default DuckDB's)."""
         self._rate.take(analyst)
-        if self.pool is not None:
-            conn = self.connection(analyst)  # refuses once the server is stopping
-            started = time.monotonic()
-            try:
-                return self.pool.execute(analyst, sql, epsilon, delta, bias=bias, dialect=dialect)
-            except WorkerDied:
-                self._hold_to_deadline(conn, sql, epsilon, delta, bias, dialect, started)
-                raise QueryFailed() from None
         return self.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias, dialect=dialect)
-
-    def _hold_to_deadline(self, conn: Connection, sql: str, epsilon: float | None, delta: float | None,
-                          bias: bool, dialect: str | None, started: float) -> None:
-        """Wait until the deadline a worker would have released the query's answer at (its
-        death must not tell the analyst when it died). Planning reads no data; a query the
-        worker could not even plan died before anything depended on the data."""
-        if self.timing is None:
-            return
-        try:
-            plan = conn.plan(sql, epsilon=epsilon, delta=delta, dialect=dialect)
-        except Error:
-            return
-        seconds = self.timing.deadline(plan) * (DEADLINE_FACTOR if bias else 1.0)
-        time.sleep(max(0.0, started + seconds - time.monotonic()))
 
     def explain(self, analyst: str, sql: str, epsilon: float | None, delta: float | None,
                 dialect: str | None = None) -> Explanation:
@@ -178,11 +161,12 @@ class Service:
 
 
 def server_timing(policy: Policy, engine: DuckDBEngine, model: TimingModel | None = None, *,
-                  slots: int = 1) -> Timing:
+                  slots: int = 1, front: bool = False) -> Timing:
     """The deadlines of a server (always on): this machine's speed measured on synthetic
     data, the policy's slack or fixed deadline, the tables' public or coarsened sizes, and
     the contention of ``slots`` runs side by side (:func:`dpsql.timing.contention`).
-    ``model`` given (a worker's, from its server): used as it is, after a warm-up."""
+    ``model`` given (a worker's, from its server): used as it is, after a warm-up.
+    ``front``: the release-only hold of a server with workers (:class:`ReleaseTiming`)."""
     limits = policy.server
     if model is not None:
         warm_up(Connection)
@@ -198,6 +182,8 @@ def server_timing(policy: Policy, engine: DuckDBEngine, model: TimingModel | Non
         model = dataclasses.replace(calibrate(pipeline=Connection, engine=engine), slack=limits.deadline_slack)
     model = dataclasses.replace(model, contention=contention(slots))
     log.info("deadlines: %s", model)
+    if front:
+        return ReleaseTiming(model, table_sizes(policy, engine), engine.interrupt, lanes=slots)
     return Timing(model, table_sizes(policy, engine), engine.interrupt)
 
 

@@ -16,19 +16,55 @@ The defence, after Haeberlen, Pierce and Narayan, "Differential Privacy Under Fi
    deadline *before* it runs, from facts that do not depend on the private data: the
    query's shape (tables read, joins, aggregates, order statistics, private keys), the
    policy, the declared or coarsened table sizes (below) and a machine speed measured on
-   synthetic data (:func:`calibrate`). The answer, or its error, is held until the deadline
+   synthetic data (:func:`dpsql.calibration.calibrate`). The answer, or its error, is held until the deadline
    and released then, never earlier.
 3. **A default outcome on overrun.** A run still going at its deadline is interrupted and
    the analyst gets the fixed :class:`~dpsql.errors.QueryFailed` at the deadline. The
    query was charged before it read anything, so the overrun is a charged release whose
    only content is its outcome class.
-4. **Slots.** A query that reads private data holds an engine slot for exactly its
-   deadline, so one query's run time cannot show in another's: the wait for a slot is
-   made of deadlines, which are public. One process has one slot; a server with
-   ``--workers N`` has N (one per worker process, :mod:`dpsql.workers`), so N fresh
-   queries run side by side and throughput scales with the cores.
+4. **Slots and the hold.** How long a query waits for the engine must not show either.
+   Two designs, both here:
 
-CPU contention (several slots). With N slots on C cores, the runs in the other slots
+   - *Slot hold* (:meth:`Timing.hold`: the embedded API and a one-process server): a
+     query holds the engine slot for exactly its deadline, so the wait for a slot is made
+     of deadlines, which are public. One fresh query per deadline per slot: a server's
+     throughput is ``slots / deadline``, whatever the CPU.
+   - *Release-only hold* (:class:`ReleaseTiming` in the server process and
+     :meth:`Timing.run_until` in the workers of ``--workers N``, :mod:`dpsql.workers`):
+     the query's deadline starts when one of N *lanes* is free (at once when one is idle;
+     planning, before it, reads public data only), and a lane is taken for
+     :data:`HEADROOM` (1.5) times the query's modelled run time (its deadline without slack
+     and margin), so the start is scheduled from public facts (arrivals and plans); its
+     engine work goes to the first free worker, which arms an interrupt at the deadline,
+     runs it and takes its next query as soon as it is done; the answer waits for its
+     deadline in the server process (a sleeping thread, no worker and no slot held).
+     Throughput is then about ``N / (1.5 x run time)``, twice the slot hold's at slack 3,
+     and set by what a query costs, not by how long answers are held. The N workers bound how many runs share the cores (the
+     contention model below).
+
+What the analyst observes with the release-only hold. For a query that reads private data:
+the release time is its scheduled start (arrival, or later when all lanes are taken:
+other analysts' arrivals and plans, no data) plus a deadline computed before any data is
+read (public facts only), and the outcome is the answer (or the worker's refusal or failure: all are
+released at the deadline, a budget refusal included), unless the query *overran*. It
+overruns when its wait for a free worker plus its run did not fit in its deadline; the
+real wait is made of the other queries' real run times, which can depend on their private
+data, so whether a query overran is a bit about other runs (its own run time too). The
+lanes keep the real queue short: the workers fall behind the public schedule only when
+real runs are slower than modelled, and a query overruns only when they fall behind by
+more than the slack's room (``(slack - 1) x run time + margin``). An overrun is
+answered with the plain :class:`~dpsql.errors.QueryFailed` *at the deadline* (the front
+does not wait for a worker that is late: the worker's own interrupt stops the run, its
+outcome is dropped), and it is charged: a query that waited past its deadline is still
+charged when a worker comes free (the worker finds the deadline passed: it charges and
+releases nothing). So an overrun tells one bit, at a public time, paid for; the slack and
+the contention factor size deadlines so that honest queries do not overrun, each overrun
+is logged, and ``benchmarks/bench_server.py`` reports how many there were. With the slot
+hold the wait is public, so its overruns come only from the run itself; the price is
+throughput. Measured side by side (``benchmarks/RESULTS.md``, "Server: release-only
+hold"), the release-only hold is the server's design.
+
+CPU contention (several slots or workers). With N slots on C cores, the runs in the other slots
 share the CPU with this one, and how much CPU they use can depend on their private data
 (a guarded LIKE that only works on the target's row). The deadline must not depend on it,
 so the model assumes the worst case: every other slot busy for the whole of its deadline
@@ -47,7 +83,8 @@ overran (a charged, one-bit outcome: choose the slack so that it does not happen
 honest queries; each one is logged), the few milliseconds an interrupt takes to land,
 and the scheduler's jitter. Refusals made before any data is read (the analyzer's, the
 budget's, the rate limit's) are answered at once: they depend on the query, the policy
-and the ledger only.
+and the ledger only (with the release-only hold, a budget refusal is made by the worker,
+after the wait for it, so it is released at the deadline like everything a worker returns).
 
 Table sizes. The deadline needs a size for each table read. A private table's row count is
 itself (weakly) private, so the model uses ``declared_rows`` from the policy where the
@@ -65,20 +102,18 @@ from __future__ import annotations
 import logging
 import math
 import os
-import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from dpsql.engine import DuckDBEngine
 from dpsql.errors import BudgetExceeded, QueryFailed, RateLimited
-from dpsql.policy import parse_policy
-from dpsql.privacy import Ledger
 
-__all__ = ["Timing", "TimingModel", "available_cores", "calibrate", "coarse_rows", "contention", "table_sizes", "warm_up"]
+__all__ = [
+    "Deadline", "Overrun", "ReleaseTiming", "Timing", "TimingModel", "available_cores", "coarse_rows", "contention",
+    "plan_work", "table_sizes",
+]
 
 log = logging.getLogger("dpsql")
 
@@ -90,10 +125,15 @@ _BEFORE_DATA = (BudgetExceeded, RateLimited)
 #: The smallest size a table is assumed to have (coarsening).
 MIN_ROWS = 1024
 
+#: How many modelled run times a query takes its lane for (:class:`ReleaseTiming`): the
+#: workers' room to catch up when real runs are slower than modelled (other processes on
+#: the cores), so that a backlog drains instead of growing into overruns.
+HEADROOM = 1.5
+
 
 @dataclass(frozen=True)
 class TimingModel:
-    """How long a query may take: ``slack * (base + per_row * rows * work) + margin``.
+    """How long a query may take: ``slack * contention * (base + per_row * rows * work) + margin``.
 
     Attributes:
         base: seconds a query costs whatever its size (planning, SQL, noise, ledger).
@@ -117,6 +157,17 @@ class TimingModel:
         if self.fixed is not None:
             return self.fixed
         return self.slack * self.contention * (self.base + self.per_row * rows * work) + self.margin
+
+    def run_time(self, seconds: float) -> float:
+        """The modelled run time of a query whose deadline is ``seconds``: the deadline
+        without its margin and slack (a fixed deadline: divided by the slack).
+
+        >>> round(TimingModel(base=0.01, per_row=0.0, slack=3.0, margin=0.005).run_time(0.035), 9)
+        0.01
+        """
+        if self.fixed is not None:
+            return seconds / self.slack
+        return max(0.0, seconds - self.margin) / self.slack
 
 
 def contention(slots: int, cores: int | None = None) -> float:
@@ -204,7 +255,7 @@ class Timing:
         """
         with self._slot:
             deadline = time.monotonic() + seconds
-            cancelled = threading.Event()
+            cancelled = Deadline(deadline)
             done = threading.Event()
             box: list[tuple[bool, object]] = []
 
@@ -237,101 +288,126 @@ class Timing:
         raise value  # type: ignore[misc]
 
 
+    def run_until(self, work: Callable[[threading.Event], _T], at: float) -> _T:
+        """The engine half of a release-only hold (a worker's, :mod:`dpsql.workers`): run
+        ``work`` in this thread now, its :class:`Deadline` set and the engine interrupted at
+        ``at`` (``time.monotonic()``, one clock for every process of the machine); return
+        at once, holding nothing: the front holds the release (:class:`ReleaseTiming`).
+
+        A query whose deadline passed before it started (it waited behind others) still
+        runs with its deadline already set: it is charged and reads nothing it releases.
+
+        Raises:
+            QueryFailed: the deadline passed before ``work`` finished (its outcome is dropped).
+        """
+        late = Deadline(at)
+        with self._slot:
+            timer: threading.Timer | None = None
+            if at <= time.monotonic():
+                late.set()
+            else:
+                timer = threading.Timer(at - time.monotonic(), self._overrun, args=(late,))
+                timer.daemon = True
+                timer.start()
+            try:
+                value = work(late)
+            except BaseException:
+                if late.is_set():
+                    raise QueryFailed() from None
+                raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                    timer.join()  # an interrupt in flight lands before the next query starts
+        if late.is_set():
+            raise QueryFailed()
+        return value
+
+    def _overrun(self, late: threading.Event) -> None:
+        late.set()
+        self._interrupt()
+
+
+class Overrun(QueryFailed):
+    """An answer that missed its deadline (or a query that waited past it): the analyst
+    gets the plain :class:`~dpsql.errors.QueryFailed` at the deadline (:class:`ReleaseTiming`)."""
+
+
+class ReleaseTiming(Timing):
+    """The front's half of a release-only hold: the answer waits for its release here (a
+    sleeping thread, no process and no engine slot held), while the engine work runs in a
+    worker that takes its next query as soon as it is done (:meth:`Timing.run_until`).
+
+    When the clock of a query's deadline starts is scheduled from public facts only: ``lanes``
+    virtual slots (one per worker), each taken for the query's *modelled run time*
+    (:meth:`TimingModel.run_time`: the deadline without its slack and margin), not for its
+    whole deadline. A query's deadline starts when the first lane is free (at once when one
+    is idle), and it is released that deadline later. A burst of queries then queues at
+    public times, as with the slot hold, but a lane is held for ``headroom`` (1.5) modelled
+    run times where the slot hold holds a slot for ``slack`` (3) of them and the margin:
+    throughput is about ``lanes / (headroom x run time)``. The real workers take the queries
+    in order as soon as they are free; a query overruns only if the real work falls behind
+    the schedule by more than the slack's room.
+
+    ``work`` gets a :class:`Deadline` whose ``at`` it hands to the worker; it must return
+    or raise by then, raising :class:`Overrun` when the worker did not answer in time.
+    Everything that comes back from a worker is released at the deadline, refusals by the
+    budget included (the wait behind other queries, which is in their time, must not show).
+    """
+
+    def __init__(self, model: TimingModel, rows: Mapping[str, int], interrupt: Callable[[], None], *,
+                 lanes: int = 1, headroom: float = HEADROOM) -> None:
+        super().__init__(model, rows, interrupt)
+        self._lanes = [0.0] * max(1, lanes)  # when each lane is free again (time.monotonic())
+        self._headroom = headroom
+        self._schedule = threading.Lock()
+
+    def start(self, seconds: float) -> float:
+        """When the deadline of a query whose deadline is ``seconds`` starts, arriving now:
+        the first free lane's time (public: arrivals and plans only), the lane then taken
+        for the modelled run time."""
+        run = self._headroom * self.model.run_time(seconds)
+        with self._schedule:
+            now = time.monotonic()
+            lane = min(range(len(self._lanes)), key=self._lanes.__getitem__)
+            start = max(now, self._lanes[lane])
+            self._lanes[lane] = start + run
+        return start
+
+    def hold(self, work: Callable[[threading.Event], _T], seconds: float) -> _T:
+        late = Deadline(self.start(seconds) + seconds)
+        try:
+            value = work(late)
+        except QueryFailed as exc:  # an overrun, a dead worker, a failed run: one fixed outcome
+            overran = True
+            if isinstance(exc, Overrun):
+                self.overruns += 1
+                log.warning("a query missed its deadline of %.3f s (waiting for a worker or running); the "
+                            "analyst got QueryFailed (charged). Raise [server] deadline_slack if honest "
+                            "queries overrun.", seconds)
+        except BaseException:
+            _sleep_until(late.at)
+            raise
+        else:
+            overran = False
+        if overran:
+            _sleep_until(late.at)
+            raise QueryFailed() from None
+        _sleep_until(late.at)
+        return value
+
+
+class Deadline(threading.Event):
+    """Set once a query's deadline has passed; ``at`` is that deadline on ``time.monotonic()``."""
+
+    def __init__(self, at: float) -> None:
+        super().__init__()
+        self.at = at
+
+
 def _sleep_until(deadline: float) -> None:
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(left)
-
-
-def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
-              pipeline: Callable[..., Any], engine: Any = None) -> TimingModel:
-    """Measure this machine's speed on synthetic data (never the private data).
-
-    ``pipeline`` is the :class:`~dpsql.connection.Connection` class whose path is timed
-    (passed in: the connection sits above this module and uses it). ``engine``: the engine
-    the deadlines are for; its ``scratch(rows)`` gives an engine of the same kind over the
-    generated table (a Spark query costs a second where DuckDB's costs milliseconds);
-    ``None`` or an engine without it: DuckDB.
-
-    Runs ``SELECT g, COUNT(*), AVG(x) FROM t GROUP BY g`` through the whole pipeline on two
-    generated tables of ``rows`` rows and fits ``base + per_row * rows`` to the median of
-    ``repeats`` runs of each (after one warm-up run), each rounded up to a 19% step. The
-    tails are the slack's job. Takes one to two seconds on DuckDB.
-    """
-    policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
-    scratch = getattr(engine, "scratch", None) or _duckdb_scratch
-    times = []
-    with tempfile.TemporaryDirectory(prefix="dpsql-calibration-") as folder:
-        for n in rows:
-            synthetic = scratch(int(n))
-            # A ledger file and an answers file, as the server has: their commits are part
-            # of every new query's time.
-            ledger = Ledger(os.path.join(folder, f"ledger{n}.sqlite"))
-            conn = pipeline(synthetic, policy, "calibration", ledger)
-            try:
-                runs = []
-                for i in range(repeats + 1):  # the first run warms caches up and is not counted
-                    sql = "SELECT g, COUNT(*) AS n, AVG(x) AS m FROM t GROUP BY g"
-                    plan = conn.plan(sql, epsilon=1.0 - i * 1e-6)  # a new query each time
-                    started = time.perf_counter()
-                    conn._answer(plan, sql)  # what a deadline covers: from the charge on
-                    runs.append(time.perf_counter() - started)
-                times.append(statistics.median(runs[1:] or runs))
-            finally:
-                conn.close()
-                synthetic.close()
-    per_row = max(1e-9, (times[1] - times[0]) / (rows[1] - rows[0]))
-    base = max(1e-3, times[0] - per_row * rows[0])
-    return TimingModel(base=_quantized(base), per_row=_quantized(per_row))
-
-
-def _duckdb_scratch(rows: int) -> DuckDBEngine:
-    """A DuckDB engine over the calibration table ``t``: ``u`` (four rows each), ``g``
-    (seven groups), ``x`` in [0, 1000); closed with its connection."""
-    import duckdb
-
-    con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
-    con.execute(f"CREATE TABLE t AS SELECT range // 4 AS u, 'g' || (range % 7) AS g, "
-                f"(range * 7919 % 1000)::DOUBLE AS x FROM range({int(rows)})")
-    return _ScratchDuckDB(con)
-
-
-class _ScratchDuckDB(DuckDBEngine):
-    def close(self) -> None:
-        self._con.close()
-
-
-def warm_up(pipeline: Callable[..., Any]) -> None:
-    """Run the pipeline once on a small synthetic table, so that what a process does only
-    the first time (imports, caches) does not fall inside the first analyst's deadline.
-    :func:`calibrate` does this itself; a server whose model is pinned calls this."""
-    calibrate(rows=(100, 200), repeats=0, pipeline=pipeline)
-
-
-def _quantized(value: float) -> float:
-    """``value`` rounded up to a step of 2**(1/4) (19%): two calibrations on one machine
-    then mostly agree, and the model carries less of the moment it was measured.
-
-    >>> _quantized(1.0), round(_quantized(1.1), 4)
-    (1.0, 1.1892)
-    """
-    return float(2.0 ** (math.ceil(4 * math.log2(value) - 1e-9) / 4))
-
-
-_CALIBRATION_POLICY = """
-[privacy]
-max_epsilon_per_query = 1.0
-max_delta_per_query = 1e-6
-default_epsilon = 1.0
-[budget]
-default = { epsilon = 1000000.0, delta = 1e-5 }
-[tables.t]
-privacy_unit = "u"
-max_groups_per_unit = 2
-max_rows_per_unit = 4
-[tables.t.columns]
-g = { public_values = ["g0", "g1", "g2", "g3", "g4", "g5", "g6"] }
-x = { bounds = [0, 1000] }
-"""
 
 
 def table_sizes(policy: object, engine: object) -> dict[str, int]:

@@ -2,17 +2,22 @@
 
 Why processes. A fresh query spends most of its time in Python (planning, the bounded SQL,
 noise, post-processing, the ledger commit), and one process runs Python on one core at a
-time. With the deadline defence on (:mod:`dpsql.timing`) a slot is also held for the whole
-of each deadline, so a server with one slot answers at most one fresh query per deadline.
+time. With the deadline defence on (:mod:`dpsql.timing`) and the slot hold, a slot is also
+held for the whole of each deadline, so one slot answers at most one fresh query per deadline;
+workers with the release-only hold below are held by nothing but their engine work.
 
-The design. The server process keeps the fronts (Flight, Postgres), token checks, the rate
-limit, ``explain`` and ``budget``. Each query goes to a :class:`WorkerPool` of N processes,
-each with its own read-only engine on the same database, its own handles on the shared
-ledger and repeat store, its analysts' Connections, and one deadline slot. A query takes an
-idle worker (waiting, when all are busy, for the first to come free: the wait is made of
-other queries' deadlines, which are public), the worker runs the whole pipeline, holds the
-answer to its deadline and sends it back, and only then takes the next query. So a worker is
-the slot of :mod:`dpsql.timing`, and the pool has N of them.
+The design (the release-only hold of :mod:`dpsql.timing`). The server process keeps the
+fronts (Flight, Postgres), token checks, the rate limit, ``explain`` and ``budget``, and each
+analyst's :class:`FrontConnection`, which plans every query (reading public data only),
+answers refusals and serves repeats (a stored answer reads no data: no worker, no hold), and
+gives each fresh query its deadline. The engine work (charge, read, noise, store) goes to a
+:class:`WorkerPool` of N processes, each with its own read-only engine on the same database,
+its own handles on the shared ledger and repeat store, and its analysts' Connections: the
+plan is sent (pickled, a few KB), the first free worker runs it with an interrupt armed at
+the deadline and takes its next query as soon as it is done; the answer waits for its
+deadline in the server process. A query that waits past its deadline for a free worker is
+answered QueryFailed at the deadline and charged when a worker is free. N bounds how many
+runs share the cores (the contention factor of the deadlines).
 
 What is shared, and why it stays safe:
 
@@ -25,8 +30,9 @@ What is shared, and why it stays safe:
   to every worker with ``contention = max(1, N / cores)``: all workers give one query the
   same deadline, sized for N runs sharing the cores ("CPU contention" in :mod:`dpsql.timing`).
 
-A worker that dies (killed, out of memory) is replaced; the query it held is answered with
-:class:`~dpsql.errors.QueryFailed` (charged if the worker had charged it: the ledger says).
+A worker that dies (killed, out of memory) is replaced in the background; the query it held
+is answered with :class:`~dpsql.errors.QueryFailed` at its deadline (charged if the worker had
+charged it: the ledger says).
 The workers ignore SIGINT and SIGTERM: the server stops them after its calls in flight are
 answered, and a worker also exits when the server's end of its pipe closes.
 """
@@ -39,6 +45,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,11 +53,14 @@ from multiprocessing.connection import Connection as Pipe
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from dpsql.connection import Connection
 from dpsql.errors import Error, QueryFailed
+from dpsql.plan import QueryPlan
+from dpsql.repeats import Released
 from dpsql.result import Result
-from dpsql.timing import TimingModel
+from dpsql.timing import Overrun, TimingModel
 
-__all__ = ["WorkerPool", "WorkerSpec"]
+__all__ = ["FrontConnection", "WorkerDied", "WorkerPool", "WorkerSpec"]
 
 log = logging.getLogger("dpsql.server")
 
@@ -80,7 +90,7 @@ class _Bug(Exception):
 
 
 class WorkerPool:
-    """N worker processes answering :meth:`execute` one query each at a time.
+    """N worker processes, each running one query's engine work at a time (:meth:`run`).
 
     Raises:
         Error: a worker could not start (its reason is in the server's log).
@@ -106,30 +116,85 @@ class WorkerPool:
         for worker in workers:
             self._idle.put(worker)
 
-    def execute(self, analyst: str, sql: str, epsilon: float | None, delta: float | None, *,
-                bias: bool = False, dialect: str | None = None) -> Result:
-        """The pipeline of ``analyst``'s Connection in a free worker: its Result, or its error."""
-        worker = self._idle.get()
+    def run(self, analyst: str, plan: QueryPlan, sql: str, at: float, *, bias: bool = False) -> Result:
+        """Charge, read and release ``plan`` (planned by ``analyst``'s Connection in the front)
+        in the first free worker, with its deadline at ``at`` (``time.monotonic()``).
+
+        Raises:
+            Overrun: no worker was free, or the worker did not answer, by ``at``; the query
+                is still charged (a worker takes it when one is free).
+            WorkerDied: the worker died; another is started.
+            Error: the worker's refusal or failure, as it is.
+        """
+        message = (analyst, plan, sql, at, bias)
         try:
-            if self._closed:
-                raise Error("the dpsql server is shutting down; try again when it is back.")
-            try:
-                worker.pipe.send((analyst, sql, epsilon, delta, bias, dialect))
-                kind, value = worker.pipe.recv()
-            except (EOFError, OSError):
-                log.error("worker %s died while answering a query; starting another (the analyst "
-                          "got QueryFailed)", worker.process.pid)
-                worker.kill()
-                worker = _Worker.start(self._context, self._spec)
-                worker.wait_ready()
-                raise WorkerDied() from None
-        finally:
+            worker = self._idle.get(timeout=max(0.0, at - time.monotonic()))
+        except queue.Empty:  # waited past the deadline behind other queries
+            threading.Thread(target=self._late, args=(message,), name="dpsql-late", daemon=True).start()
+            raise Overrun() from None
+        if self._closed:
             self._idle.put(worker)
+            raise Error("the dpsql server is shutting down; try again when it is back.")
+        try:
+            worker.pipe.send(message)
+            if not worker.pipe.poll(max(0.0, at - time.monotonic())):
+                threading.Thread(target=self._drain, args=(worker,), name="dpsql-drain", daemon=True).start()
+                raise Overrun()
+            kind, value = worker.pipe.recv()
+        except (EOFError, OSError):
+            self._replace(worker)
+            raise WorkerDied() from None
+        self._idle.put(worker)
         if kind == "ok":
             return value  # type: ignore[no-any-return]
         if kind == "error":
             raise value
         raise _Bug(f"a worker failed with an unexpected {value} (its stack is in the server's log)")
+
+    def _late(self, message: tuple[Any, ...]) -> None:
+        """A query that waited past its deadline: charged when a worker is free (its worker
+        finds the deadline passed: charge, nothing released), its outcome dropped."""
+        worker = self._idle.get()
+        if self._closed:
+            self._idle.put(worker)
+            return
+        try:
+            worker.pipe.send(message)
+        except OSError:
+            self._replace(worker)
+            return
+        self._drain(worker)
+
+    def _drain(self, worker: _Worker) -> None:
+        """Wait for the outcome of a query whose analyst was answered already; then the
+        worker is free again."""
+        try:
+            worker.pipe.recv()
+        except (EOFError, OSError):
+            self._replace(worker)
+            return
+        self._idle.put(worker)
+
+    def _replace(self, worker: _Worker) -> None:
+        """A worker died: start another in the background (the pool has one worker fewer
+        until it is ready)."""
+        log.error("worker %s died while answering a query; starting another (the analyst got QueryFailed)",
+                  worker.process.pid)
+        worker.kill()
+
+        def start() -> None:
+            try:
+                fresh = _Worker.start(self._context, self._spec)
+                fresh.wait_ready()
+            except Exception as exc:  # noqa: BLE001 - logged; the pool goes on with fewer workers
+                log.error("could not start a replacement worker (%s); %d workers left", type(exc).__name__,
+                          self.size - 1)
+                with self._lock:
+                    self.size -= 1
+                return
+            self._idle.put(fresh)
+
+        threading.Thread(target=start, name="dpsql-restart", daemon=True).start()
 
     def close(self) -> None:
         """Stop every worker once it is idle (bounded wait), then reap it."""
@@ -144,7 +209,40 @@ class WorkerPool:
                 log.error("a worker is still busy after %.0f s; leaving it to exit with the server", _STOP_SECONDS)
                 continue
             worker.stop()
-            self._idle.put(worker)  # a late execute finds it and says the server is stopping
+            self._idle.put(worker)  # a late run finds it and says the server is stopping
+
+
+class FrontConnection(Connection):
+    """An analyst's Connection in the server process of a server with workers: it plans,
+    refuses and serves repeats here; the engine work of each fresh query goes to a worker
+    (:meth:`WorkerPool.run`) and its answer is held to its deadline here
+    (:class:`~dpsql.timing.ReleaseTiming`)."""
+
+    def __init__(self, *args: Any, pool: WorkerPool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pool = pool
+
+    def _answer(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
+        if late is None:  # a repeat (execute found it in the store): no data read, served here
+            return super()._answer(plan, sql)
+        return self._pool.run(self.analyst, plan, sql, _deadline_of(late))
+
+    def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
+        if late is None:
+            raise QueryFailed()  # never: the front always has deadlines
+        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), bias=True)
+
+    def _fresh(self, plan: QueryPlan, sql: str, charge: Any, late: threading.Event | None = None) -> Released:
+        # Reached only when a stored answer vanished between execute's look and the repeat
+        # store's (a reset ledger): the front reads no data, and this is not held.
+        raise QueryFailed()
+
+
+def _deadline_of(late: threading.Event) -> float:
+    at = getattr(late, "at", None)
+    if not isinstance(at, float):
+        raise QueryFailed()  # never: ReleaseTiming hands a Deadline
+    return at
 
 
 class _Worker:
@@ -215,14 +313,18 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
             if message is None:
                 return
             pipe.send(_answer(service, *message))
+            del message  # the plan: nothing of it kept
     finally:
         service.close()
 
 
-def _answer(service: Any, analyst: str, sql: str, epsilon: float | None, delta: float | None,
-            bias: bool, dialect: str | None = None) -> tuple[str, object]:
+def _answer(service: Any, analyst: str, plan: QueryPlan, sql: str, at: float,
+            bias: bool) -> tuple[str, object]:
+    """One query's engine work, its deadline armed at ``at``: charge, read, release."""
     try:
-        return "ok", service.connection(analyst).execute(sql, epsilon=epsilon, delta=delta, bias=bias, dialect=dialect)
+        conn = service.connection(analyst)
+        result = service.timing.run_until(lambda late: conn.answer_plan(plan, sql, late, bias=bias), at)
+        return "ok", result
     except Error as exc:
         return "error", exc.with_traceback(None)
     except Exception as exc:  # noqa: BLE001 - the server turns it into an InternalError

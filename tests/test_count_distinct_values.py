@@ -135,6 +135,7 @@ def test_noise_has_the_stated_scale(tmp_path: Path) -> None:
 
 
 @pytest.mark.attack
+@pytest.mark.audit
 def test_audit_passes_with_the_cap_and_catches_it_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``dpsql audit`` of COUNT(DISTINCT city) on the demo data: the worst-case unit brings
     100 new cities (unit_groups=200, half new). With the cap it adds at most m = 10 and the

@@ -15,6 +15,7 @@ import pytest
 import sqlglot.expressions as exp
 
 import dpsql
+import dpsql.repeats as repeats
 from dpsql.repeats import ANSWERS_SUFFIX, REPEAT_NOTE, normalise_sql
 from dpsql.engine import DuckDBEngine
 from dpsql.policy import Policy, parse_policy
@@ -227,6 +228,24 @@ def test_repeats_can_be_switched_off(memory: duckdb.DuckDBPyConnection) -> None:
 )
 def test_normalised_sql(a: str, b: str, same: bool) -> None:
     assert (normalise_sql(a) == normalise_sql(b)) is same
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("SELECT COUNT(*) FROM t", "select   count(*)\nfrom T", True),
+        ("SELECT COUNT(*) FROM t", "SELECT COUNT(*) /* hi */ FROM t -- comment", True),
+        ("SELECT COUNT(*) AS n FROM t", "SELECT COUNT(*) AS m FROM t", False),
+        ("SELECT COUNT(*) FROM t WHERE g = 'a'", "SELECT COUNT(*) FROM t WHERE g = 'b'", False),
+    ],
+)
+def test_the_repeat_key_is_the_analyzers_text_without_a_second_parse(
+        memory: duckdb.DuckDBPyConnection, a: str, b: str, same: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = dpsql.connect(memory, policy=policy(), analyst="alice")
+    plans = [conn.plan(q, epsilon=0.5) for q in (a, b)]
+    monkeypatch.setattr(repeats, "normalise_sql", lambda sql: pytest.fail("parsed again for the key"))
+    keys = [repeats.plan_key(p, analyst="alice", policy="p", data="d") for p in plans]
+    assert (keys[0] == keys[1]) is same
 
 
 def ask_in_process(db: str, ledger: str, barrier: Any, results: Any) -> None:

@@ -41,7 +41,7 @@ from dpsql.analyze.scope import resolve
 from dpsql.analyze.sources import build_scope
 from dpsql.analyze.semijoins import compile_semijoins, lift_semijoins, restored
 from dpsql.normalize import Normalized, normalize, query_budget
-from dpsql.plan import UDF, QueryPlan
+from dpsql.plan import QueryPlan, UDFSpec
 from dpsql.policy import Policy
 
 __all__ = ["RULES", "Context", "analyze", "resolve_budget"]
@@ -58,7 +58,7 @@ def analyze(
     epsilon: float | None = None,
     delta: float | None = None,
     public_values: PublicValues | None = None,
-    udfs: Mapping[str, UDF] | None = None,
+    udfs: Mapping[str, UDFSpec] | None = None,
     dialect: str | None = None,
     public_rows: PublicRows | None = None,
     normalized: Normalized | None = None,
@@ -195,14 +195,16 @@ def _plan(ctx: Context) -> QueryPlan:
 
 def _normalized_text(select: exp.Select) -> str:
     """The query as read, with identifiers unquoted and case-folded (dpsql resolves names
-    case-insensitively): the same question in any dialect or spelling has one text."""
+    case-insensitively) and comments dropped: the same question in any dialect or spelling
+    has one text (the repeat store's key, :func:`dpsql.repeats.plan_key`). Changes
+    ``select`` in place: pass a copy (:func:`~dpsql.analyze.semijoins.restored` makes one)."""
 
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Identifier):
             return exp.Identifier(this=node.name.casefold(), quoted=False)
         return node
 
-    return select.copy().transform(fold).sql(dialect="duckdb")
+    return select.transform(fold, copy=False).sql(dialect="duckdb", comments=False)
 
 
 

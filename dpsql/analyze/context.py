@@ -15,7 +15,7 @@ import sqlglot.expressions as exp
 
 from dpsql.analyze.calibrate import MeasurementSpec
 from dpsql.analyze.scope import Pending, Resolved, Scope
-from dpsql.plan import UDF, Aggregate, GroupKey, Measurement, Selection, ValueRelease
+from dpsql.plan import Aggregate, GroupKey, Measurement, QuantileSpec, Selection, UDFSpec, ValueRelease
 from dpsql.policy import Policy, TablePolicy
 from dpsql.normalize import Normalized
 
@@ -37,7 +37,7 @@ class Context:
     schema: Mapping[str, Mapping[str, str]]
     requested: tuple[float | None, float | None]
     public_values: PublicValues | None = None
-    udfs: Mapping[str, UDF] = field(default_factory=dict)
+    udfs: Mapping[str, UDFSpec] = field(default_factory=dict)
     dialect: str | None = None
     public_rows: PublicRows | None = None
     normalized: Normalized | None = None
@@ -51,7 +51,7 @@ class Context:
     pending: Pending = field(init=False)
     keys: dict[str, GroupKey] = field(default_factory=dict)
     condition: exp.Expr | None = None
-    values: dict[str, tuple[Aggregate, object, Resolved]] = field(default_factory=dict)
+    values: dict[str, tuple[Aggregate, QuantileSpec | UDFSpec, Resolved]] = field(default_factory=dict)
     aggregates: dict[str, Aggregate] = field(default_factory=dict)
     specs: dict[tuple[str, str | None], MeasurementSpec] = field(default_factory=dict)
     output: exp.Select = field(init=False)

@@ -129,7 +129,7 @@ def _add_expression_key(ctx: Context, node: exp.Expression) -> None:
 
 def _shape(node: exp.Expression) -> str:
     """An expression's text with table qualifiers dropped, to match keys in the select list."""
-    bare = node.copy().transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
+    bare = node.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
     return "expr:" + bare.sql(dialect=DIALECT).casefold()
 
 

@@ -61,7 +61,7 @@ def enumerate_key(
     if math.prod(len(v) for _, v in inputs) > MAX_ENUMERATED:
         return None
     names = {ref.sql(): f"__c{i}" for i, (ref, _) in enumerate(inputs)}
-    local = expression.copy().transform(
+    local = expression.transform(  # transform copies
         lambda n: exp.column(names[n.sql()], quoted=True) if isinstance(n, exp.Column) and n.sql() in names else n
     )
     rows = list(itertools.product(*(values for _, values in inputs)))

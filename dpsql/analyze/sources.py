@@ -207,9 +207,7 @@ def _inline(
     if not isinstance(body, exp.Select):
         raise reject("a CTE or subquery in FROM must be one SELECT.", sql, node)
     if derived.aggregates(body):
-        derived.check_per_unit(sql, body)
-        local, condition = inner_scope(scope, body, ctes or {}, schema, aggregating=True)
-        return derived.per_unit_entry(local, condition, body, name, canonical), None
+        return _per_unit(scope, body, name, canonical, schema, ctes or {}), None
     if derived.nests(body, ctes or {}):
         return _nested(scope, body, name, canonical, schema, ctes or {}), None
     if left and body.args.get("where") is not None:
@@ -239,6 +237,14 @@ def _inline(
         table_scope = Scope(sql=sql, policy=scope.policy, entries={inner.name.casefold(): inner})
         return entry, (where.this, table_scope)
     return entry, None
+
+
+def _per_unit(scope: Scope, body: exp.Select, name: str, canonical: str, schema: Mapping[str, Mapping[str, str]],
+              ctes: Mapping[str, exp.Select]) -> Entry:
+    """A subquery that aggregates per unit, as a derived table (:func:`derived.per_unit_entry`)."""
+    derived.check_per_unit(scope.sql, body)
+    local, condition = inner_scope(scope, body, ctes, schema, aggregating=True)
+    return derived.per_unit_entry(local, condition, body, name, canonical)
 
 
 def _nested(scope: Scope, body: exp.Select, name: str, canonical: str, schema: Mapping[str, Mapping[str, str]],
@@ -286,7 +292,6 @@ def inner_scope(scope: Scope, body: exp.Select, ctes: Mapping[str, exp.Select],
 
 def _resolver(scope: Scope) -> Callable[[exp.Column], Resolved]:
     return lambda column: resolve(scope, column)
-
 
 
 def _projection(scope: Scope, body: exp.Select, inner: Entry) -> dict[str, str] | None:

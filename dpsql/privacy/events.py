@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from dpsql.errors import Error
 from dpsql.noise import noise_std, scale
 from dpsql.plan import Measurement, QueryPlan, Selection, ValueRelease
 
@@ -229,13 +230,18 @@ def decode(text: str) -> tuple[DpEvent, ...]:
     """Events from their stored form: version 2, or a version 1 list of descriptions.
 
     Raises:
-        ValueError: the text is neither (a ledger written by a newer dpsql).
+        Error: the text is neither (a ledger written by a newer dpsql).
     """
     stored = json.loads(text)
     if isinstance(stored, list):  # version 1: descriptions only
         return tuple(event_from_description(d) for d in stored)
     if not isinstance(stored, dict) or stored.get("version") != EVENTS_VERSION:
-        raise ValueError(f"stored privacy events of an unknown version: {str(stored)[:80]!r}")
+        version = stored.get("version") if isinstance(stored, dict) else None
+        raise Error(
+            f"the ledger holds privacy events of an unknown version ({version!r}; this dpsql reads "
+            f"{EVENTS_VERSION} and 1): it was written by a newer dpsql. Upgrade dpsql to read it; "
+            "never edit or reset a ledger to get around this (its charges are the budget spent)."
+        )
     events = []
     for row in stored["events"]:
         cls = _TYPES.get(row.get("type"), UnknownEvent)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -44,7 +45,7 @@ from dpsql.errors import InternalError, QueryRejected
 from dpsql.noise import RandomSource, half_width, noise_std, sample, scale
 from dpsql.plan import Aggregate, GroupKey, LaplaceParams, Measurement, QueryPlan, ValueRelease
 from dpsql.release.spread import spread_half_widths, stddev_half_width
-from dpsql.release.udf import UDFRelease
+from dpsql.release.udf import UDF, UDFRelease
 from dpsql.release.values import key_tuples, release_values
 
 __all__ = ["complete_groups", "count_half_width", "half_width", "noisy_schema", "noisy_table", "select_partitions"]
@@ -72,14 +73,30 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     return pa.table(columns)
 
 
-def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, source: RandomSource | None) -> np.ndarray:
+def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, noise: np.ndarray) -> np.ndarray:
     """Exact lattice value plus integer noise (a negative shift refines the lattice here)."""
     values = exact.to_numpy().astype(np.int64, copy=False)
     if m.shift < 0:
         limit = _SATURATE >> -m.shift
         values = np.clip(values, -limit, limit) << -m.shift
-    released: np.ndarray = values + sample(m.noise, len(values), source)
+    released: np.ndarray = values + noise
     return released
+
+
+def _noise(measurements: Sequence[Measurement], n: int, source: RandomSource | None) -> dict[str, np.ndarray]:
+    """``n`` independent draws of each measurement's noise, by measurement name: one sampler
+    call per distinct noise (measurements with equal noise share a call, split after), so
+    a small query pays the exact samplers' per-call overhead once per distinct scale. The
+    draws are iid either way: the same joint distribution as one call per measurement."""
+    by_noise: dict[object, list[Measurement]] = {}
+    for m in measurements:
+        by_noise.setdefault(m.noise, []).append(m)
+    out: dict[str, np.ndarray] = {}
+    for group in by_noise.values():
+        draws = sample(group[0].noise, n * len(group), source)
+        for i, m in enumerate(group):
+            out[m.name] = draws[i * n:(i + 1) * n]
+    return out
 
 
 def count_half_width(m: Measurement) -> float:
@@ -110,19 +127,22 @@ def noisy_table(
     source: RandomSource | None = None,
     values: dict[str, pa.Table] | None = None,
     report: dict[str, list[object]] | None = None,
+    udfs: Mapping[str, UDF] | None = None,
 ) -> pa.Table:
     """Group keys, the noisy aggregates ``__a*`` and their half-widths ``__hw__a*``.
 
     ``values`` holds, per order-statistic or UDF aggregate, the rows of
-    :func:`dpsql.rewrite.value_query`; ``report`` receives each one's per-group releases.
+    :func:`dpsql.rewrite.value_query`; ``report`` receives each one's per-group releases;
+    ``udfs`` holds the registered functions' code, by name.
     """
     exact = select_partitions(plan, complete_groups(plan, exact), source)
-    released = {m.name: _released(m, exact[m.name], source) for m in plan.measurements}
+    noise = _noise(plan.measurements, exact.num_rows, source)
+    released = {m.name: _released(m, exact[m.name], noise[m.name]) for m in plan.measurements}
     columns: dict[str, pa.Array | pa.ChunkedArray] = {k.name: exact[k.name] for k in plan.group_keys}
     by_name = {r.name: r for r in plan.value_releases}
     for agg in plan.aggregates:
         if agg.function == "value":
-            outs = _value_release(plan, by_name[agg.name], exact, (values or {}).get(agg.name), source)
+            outs = _value_release(plan, by_name[agg.name], exact, (values or {}).get(agg.name), source, udfs)
             if report is not None:
                 report[agg.name] = list(outs)
             columns[agg.name] = pa.array([o.value for o in outs], type=pa.float64())
@@ -135,14 +155,15 @@ def noisy_table(
 
 
 def _value_release(
-    plan: QueryPlan, release: ValueRelease, exact: pa.Table, rows: pa.Table | None, source: RandomSource | None
+    plan: QueryPlan, release: ValueRelease, exact: pa.Table, rows: pa.Table | None, source: RandomSource | None,
+    udfs: Mapping[str, UDF] | None,
 ) -> list[UDFRelease]:
     keys = [k.name for k in plan.group_keys]
     groups = key_tuples(exact, keys) if keys else [()]
     if rows is None:
         rows = pa.table({**{k: pa.array([], exact.schema.field(k).type) for k in keys},
                          "__id": pa.array([], pa.uint64()), "__v": pa.array([], pa.float64())})
-    return release_values(release, rows, keys, groups, source)
+    return release_values(release, rows, keys, groups, source, udfs)
 
 
 def _aggregate(

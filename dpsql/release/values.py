@@ -12,14 +12,15 @@ The bounded values come from :func:`dpsql.rewrite.value_query`; here each group 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 
+from dpsql.errors import InternalError
 from dpsql.noise import RandomSource, laplace_noise
-from dpsql.plan import ValueRelease
+from dpsql.plan import UDFSpec, ValueRelease
 from dpsql.release.udf.block_quantile import BlockQuantile
 from dpsql.release.udf import (
     UDF,
@@ -59,11 +60,25 @@ def release_values(
     keys: Sequence[str],
     groups: Sequence[tuple[object, ...]],
     source: RandomSource | None = None,
+    udfs: Mapping[str, UDF] | None = None,
 ) -> list[UDFRelease]:
-    """One release per group of ``groups`` (key tuples, in output order)."""
+    """One release per group of ``groups`` (key tuples, in output order); a registered
+    function's code is looked up by name in ``udfs`` (the plan holds only its spec)."""
+    udf = _registered(release, udfs or {})
     by_group = grouped_values(rows, keys)
     empty = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.uint64))
-    return [_release_group(release, *by_group.get(tuple(g), empty), source) for g in groups]
+    return [_release_group(release, udf, *by_group.get(tuple(g), empty), source) for g in groups]
+
+
+def _registered(release: ValueRelease, udfs: Mapping[str, UDF]) -> UDF | None:
+    """The registered function a value release names (``None`` for an order statistic)."""
+    target = release.target
+    if not isinstance(target, UDFSpec):
+        return None
+    udf = udfs.get(target.name)
+    if udf is None or udf.spec != target:
+        raise InternalError(f"the plan's function {target.name!r} is not the one registered")
+    return udf
 
 
 def grouped_values(rows: pa.Table, keys: Sequence[str]) -> dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]]:
@@ -94,14 +109,15 @@ def _numpy(column: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> np.nd
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, source: RandomSource | None) -> UDFRelease:
+def _release_group(release: ValueRelease, udf: UDF | None, values: np.ndarray, ids: np.ndarray,
+                   source: RandomSource | None) -> UDFRelease:
     count_eps, eps = release.count_epsilon, release.answer_epsilon  # the split is the plan's
     units = _distinct(ids)
     noisy_units = max(1.0, float(units + laplace_noise(1, count_eps).sample(1, source)[0]))
     target = release.target
     r = release.rows_per_unit
-    strategy, reason = choose_strategy(target, noisy_units, eps, release.delta, rows_per_unit=r)  # type: ignore[arg-type]
-    bounds = target.bounds  # type: ignore[attr-defined]
+    strategy, reason = choose_strategy(target, noisy_units, eps, release.delta, rows_per_unit=r)
+    bounds = target.bounds
     if isinstance(target, QuantileSpec):
         if strategy == "smooth":
             out = smooth_quantile(values, target.q, bounds, eps, release.delta, rows_per_unit=r, source=source)
@@ -111,17 +127,17 @@ def _release_group(release: ValueRelease, values: np.ndarray, ids: np.ndarray, s
         else:
             out = _sample_and_aggregate(BlockQuantile(target.q), values, ids, noisy_units, bounds, eps, source)
         return _with_reason(out, reason)
-    assert isinstance(target, UDF)
-    sensitivity = target.local_sensitivity
+    assert udf is not None
+    sensitivity = udf.local_sensitivity
     if strategy == "smooth":
         assert sensitivity is not None, "validate_udf requires local_sensitivity for smooth and PTR"
-        out = smooth_udf(target.fn, sensitivity, values, bounds, eps, release.delta, rows_per_unit=r, source=source)
+        out = smooth_udf(udf.fn, sensitivity, values, bounds, eps, release.delta, rows_per_unit=r, source=source)
     elif strategy == "ptr":
         assert sensitivity is not None, "as above"
         proposal = propose_bound(bounds, noisy_units, eps, release.delta, r)
-        out = ptr_udf(target.fn, sensitivity, values, bounds, eps, release.delta, proposal=proposal, rows_per_unit=r, source=source)
+        out = ptr_udf(udf.fn, sensitivity, values, bounds, eps, release.delta, proposal=proposal, rows_per_unit=r, source=source)
     else:
-        out = _sample_and_aggregate(target.fn, values, ids, noisy_units, bounds, eps, source, target.time_limit)
+        out = _sample_and_aggregate(udf.fn, values, ids, noisy_units, bounds, eps, source, udf.time_limit)
     return _with_reason(out, reason)
 
 

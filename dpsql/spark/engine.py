@@ -265,7 +265,7 @@ class SparkEngine:
 
     def scratch(self, rows: int) -> SparkEngine:
         """An engine on the same session over the timing calibration's generated table
-        ``t`` (:func:`dpsql.timing.calibrate`: ``u`` four rows each, ``g`` seven groups, ``x``
+        ``t`` (:func:`dpsql.calibration.calibrate`: ``u`` four rows each, ``g`` seven groups, ``x``
         in [0, 1000)), so that deadlines are measured on Spark, never on the private data."""
         frame = self._session.range(int(rows)).selectExpr(
             "id DIV 4 AS u", "concat('g', CAST(id % 7 AS STRING)) AS g", "CAST(id * 7919 % 1000 AS DOUBLE) AS x")

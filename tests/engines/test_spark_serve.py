@@ -110,6 +110,7 @@ def _stop(process: subprocess.Popen[bytes], log: Path) -> int:
     return code
 
 
+@pytest.mark.server
 def test_a_client_query_is_answered_by_spark(server: tuple[str, str, Path]) -> None:
     """Counts per region: 300 units north and 100 south, two rows each, both kept (cap 2);
     Laplace noise of scale 2 / 5 = 0.4 on each: more than 10 off has probability e^-25."""
@@ -123,6 +124,7 @@ def test_a_client_query_is_answered_by_spark(server: tuple[str, str, Path]) -> N
     assert (res.privacy.epsilon, status.epsilon_spent, status.queries) == (5.0, 5.0, 1)
 
 
+@pytest.mark.server
 def test_explain_through_the_server_shows_spark_sql(server: tuple[str, str, Path]) -> None:
     location, token, _ = server
     with dpsql.Client(location, token=token, timeout=300) as remote:
@@ -132,6 +134,7 @@ def test_explain_through_the_server_shows_spark_sql(server: tuple[str, str, Path
     assert "DECIMAL(38, 0)" in shown and "`__u`" in shown and "INT128" not in shown
 
 
+@pytest.mark.server
 def test_a_refusal_is_the_embedded_message(server: tuple[str, str, Path]) -> None:
     location, token, _ = server
     with dpsql.Client(location, token=token, timeout=300) as remote:
@@ -146,7 +149,7 @@ def test_deadlines_are_measured_on_spark(spark_session) -> None:
     from dpsql.connection import Connection
     from dpsql.policy import parse_policy
     from dpsql.spark import SparkEngine
-    from dpsql.timing import calibrate
+    from dpsql.calibration import calibrate
 
     frame = spark_session.createDataFrame([(u, "north" if u % 4 else "south", float(u % 50)) for u in range(UNITS)],
                                           "user_id BIGINT, region STRING, income DOUBLE")

@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from dpsql.errors import QueryRejected
 from dpsql.release.udf import ptr, sample_and_aggregate, smooth
 from dpsql.release.udf._release import check_bounds
-from dpsql.plan import UDF, QuantileSpec
+from dpsql.plan import QuantileSpec, Strategy, UDFSpec
 from dpsql.release.udf.sample_and_aggregate import DEFAULT_TIME_LIMIT
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "QuantileSpec",
     "StrategyChoice",
     "UDF",
+    "UDFSpec",
     "choose_strategy",
     "reserved_names",
     "validate_udf",
@@ -63,6 +66,38 @@ DPSQL_AGGREGATES: frozenset[str] = frozenset({
     "approx_quantile", "mode", "first", "last", "any_value", "arg_min", "arg_max",
 })
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class UDF:
+    """A registered function (frozen; build it with :func:`validate_udf`). The connection
+    keeps it by name; a plan holds only its :attr:`spec` (plain data), and the release
+    looks the code up by name.
+
+    Attributes:
+        name: the SQL name, lower case.
+        fn: takes one block's values (a read-only float64 numpy array), returns a float.
+        bounds: ``(lo, hi)``: answers are clipped into it; a failed block gives the midpoint.
+        local_sensitivity: ``(values, k) -> float``, or None (see :mod:`dpsql.release.udf.ptr`).
+        strategy: "auto", "ptr", "smooth" or "sample_and_aggregate".
+        time_limit: seconds one sample-and-aggregate block may run.
+    """
+
+    name: str
+    fn: Callable[[Any], object]
+    bounds: tuple[float, float]
+    local_sensitivity: Callable[[Any, int], float] | None = None
+    strategy: Strategy = "auto"
+    time_limit: float = DEFAULT_TIME_LIMIT
+
+    @property
+    def has_local_sensitivity(self) -> bool:
+        return self.local_sensitivity is not None
+
+    @property
+    def spec(self) -> UDFSpec:
+        """What a plan carries of it."""
+        return UDFSpec(self.name, self.bounds, self.has_local_sensitivity, self.strategy, self.time_limit)
 _MAX_NAME = 63
 
 
@@ -165,7 +200,7 @@ class StrategyChoice(NamedTuple):
     reason: str
 
 
-def choose_strategy(target: UDF | QuantileSpec, n: float, epsilon: float, delta: float, *,
+def choose_strategy(target: UDFSpec | QuantileSpec, n: float, epsilon: float, delta: float, *,
                     rows_per_unit: int = 1, proposal: float | None = None) -> StrategyChoice:
     """Pick PTR, smooth sensitivity or sample-and-aggregate for ``target``.
 
@@ -209,7 +244,7 @@ _NAMES = {"ptr": "propose-test-release", "smooth": "smooth sensitivity",
           "sample_and_aggregate": "sample-and-aggregate"}
 
 
-def check_strategy(target: UDF | QuantileSpec, delta: float) -> None:
+def check_strategy(target: UDFSpec | QuantileSpec, delta: float) -> None:
     """Refuse, at planning time, a strategy the query's delta cannot pay for.
 
     Raises:
@@ -223,7 +258,7 @@ def check_strategy(target: UDF | QuantileSpec, delta: float) -> None:
                             "delta > 0; pass a delta (e.g. delta=1e-7).")
 
 
-def _requested(target: UDF | QuantileSpec, delta: float) -> StrategyChoice:
+def _requested(target: UDFSpec | QuantileSpec, delta: float) -> StrategyChoice:
     strategy = target.strategy
     check_strategy(target, delta)
     names = {"ptr": "propose-test-release", "smooth": "smooth sensitivity",
