@@ -89,3 +89,12 @@ def test_grouped_values_are_each_groups_rows_in_order() -> None:
         assert got[key][0].tolist() == v[rows].tolist() and got[key][1].tolist() == ids[rows].tolist()
     assert grouped_values(table, [])[()][0].tolist() == v.tolist()
     assert grouped_values(table.slice(0, 0), ["g"]) == {}
+
+
+def test_distinct_units_count() -> None:
+    from dpsql.release.values import _distinct
+
+    rng = np.random.default_rng(2)
+    for n in (0, 1, 2, 50, 3000):
+        ids = rng.integers(0, max(n // 3, 1) + 1, n).astype(np.uint64)
+        assert _distinct(ids) == len(np.unique(ids))
