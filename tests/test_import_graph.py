@@ -30,7 +30,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("noise", ("dpsql.noise",)),
     ("privacy", ("dpsql.privacy",)),
     ("analyze", ("dpsql.normalize", "dpsql.analyze")),
-    ("rewrite", ("dpsql.rewrite_nodes", "dpsql.rewrite_columns", "dpsql.rewrite_distinct", "dpsql.rewrite")),
+    ("rewrite", ("dpsql.rewrite",)),
     ("engine", ("dpsql.engine", "dpsql.spark", "dpsql.datasources")),
     ("release", ("dpsql.release", "dpsql.read")),
     ("postprocess", ("dpsql.postprocess",)),

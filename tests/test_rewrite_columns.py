@@ -1,4 +1,4 @@
-"""The shared per-column values of the bounded query (issue 16, :mod:`dpsql.rewrite_columns`).
+"""The shared per-column values of the bounded query (issue 16, :mod:`dpsql.rewrite.columns`).
 
 One per-row integer per column for its SUM and AVG, one COUNT per column, AVG's centred sum
 derived in the final step: the exact bounded aggregates must equal those of one value per
@@ -19,7 +19,7 @@ from dpsql import rewrite
 from dpsql.analyze.calibrate import lattice_units
 from dpsql.policy import parse_policy
 from dpsql.rewrite import bounded_query, value_query
-from dpsql.rewrite_columns import layout
+from dpsql.rewrite.columns import layout
 
 POLICY = """
 [privacy]

@@ -66,7 +66,7 @@ from dpsql.rewrite import (  # the query's own FROM, joins, WHERE and columns
     _rows,
     _unit,
 )
-from dpsql.rewrite_nodes import column as _col
+from dpsql.rewrite.nodes import column as _col
 
 __all__ = [
     "BIAS_SHARE",

@@ -371,7 +371,7 @@ def spark_types(node: exp.Expression) -> exp.Expression:
     return node
 
 
-#: DuckDB's list functions as :mod:`dpsql.rewrite_distinct` writes them (anonymous calls), which
+#: DuckDB's list functions as :mod:`dpsql.rewrite.distinct` writes them (anonymous calls), which
 #: sqlglot types when it parses DuckDB text: typed here the same way, so Spark's words follow.
 _DUCKDB_LIST_FUNCTIONS = ("list_sort", "list_distinct", "list", "flatten", "list_transform", "len")
 
@@ -382,7 +382,7 @@ def distinct_values(node: exp.Expression) -> exp.Expression:
     -> ``size`` (Spark's ``length`` is for strings). sqlglot writes the rest (``list`` ->
     ``collect_list``, ``list_distinct``/``list_sort`` -> ``array_distinct``/``array_sort``,
     ``flatten``, ``list_transform`` -> ``transform``, the struct) in Spark's words."""
-    if _is_fn(node, *_DUCKDB_LIST_FUNCTIONS):  # a tree as dpsql.rewrite_distinct built it (not parsed)
+    if _is_fn(node, *_DUCKDB_LIST_FUNCTIONS):  # a tree as dpsql.rewrite.distinct built it (not parsed)
         node = cast(exp.Expression, exp.func(str(node.this), *node.expressions, dialect="duckdb"))  # sqlglot types it Func
     if _is_fn(node, "list_slice"):
         return _fn("slice", *node.expressions)

@@ -4,7 +4,7 @@ The bounded query has up to four steps (subqueries), each a plain relational pas
 
 ``__rows``   one row per (joined) source row that passes WHERE: the unit, the keys, and per
              column its per-row integer (NULL, NaN dropped; clipped; fixed point): one for
-             all of a column's SUM and AVG (see :mod:`dpsql.rewrite_columns`).
+             all of a column's SUM and AVG (see :mod:`dpsql.rewrite.columns`).
 ``__pairs``  one row per (unit, group), the one pass every user-level DP system pays:
              COUNT capped at ``max_rows_per_unit`` (``m``); a SUM of ``n > m`` values
              weighed down to ``m`` rows, ``sum * m // n`` (:func:`_rescaled_sum`).
@@ -30,14 +30,14 @@ import sqlglot.expressions as exp
 from dpsql.analyze.calibrate import clip_range, midpoint, square_offset
 from dpsql.analyze.public_values import member
 from dpsql.plan import Measurement, QueryPlan, Source, ValueRelease
-from dpsql.rewrite_columns import Layout, Read, RowValue, layout
-from dpsql.rewrite_distinct import distinct_row_value, distinct_total, kept_values
-from dpsql.rewrite_nodes import alias as _alias
-from dpsql.rewrite_nodes import call as _func
-from dpsql.rewrite_nodes import cast as _cast
-from dpsql.rewrite_nodes import column as _col
-from dpsql.rewrite_nodes import integer as _int
-from dpsql.rewrite_nodes import keyed_hash as _keyed_hash
+from dpsql.rewrite.columns import Layout, Read, RowValue, layout
+from dpsql.rewrite.distinct import distinct_row_value, distinct_total, kept_values
+from dpsql.rewrite.nodes import alias as _alias
+from dpsql.rewrite.nodes import call as _func
+from dpsql.rewrite.nodes import cast as _cast
+from dpsql.rewrite.nodes import column as _col
+from dpsql.rewrite.nodes import integer as _int
+from dpsql.rewrite.nodes import keyed_hash as _keyed_hash
 from dpsql.sqltypes import parse_type
 
 __all__ = ["LIST_PARAMETER", "Bounded", "bounded_query", "new_salt", "value_query"]
@@ -262,7 +262,7 @@ def _row_projections(plan: QueryPlan, columns: Layout, salt: int | None = None) 
         m = value.of
         types = {} if m.expression is not None else _types(plan, m.source)
         projections.append(_alias(_row_value(value, types), value.name))
-    for m in plan.measurements:  # COUNT(DISTINCT x) of a non-unit column (dpsql.rewrite_distinct)
+    for m in plan.measurements:  # COUNT(DISTINCT x) of a non-unit column (dpsql.rewrite.distinct)
         if m.kind == "count_distinct_values":
             unit = _unit(plan) if per_unit else None
             projections.append(_alias(distinct_row_value(m, unit, salt), f"{m.name}_v"))
@@ -327,7 +327,7 @@ def _float(value: float) -> exp.Expression:
 
 def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select) -> exp.Select:
     """One row per (unit, group): capped counts and weighed-down sums; one ``SUM`` and one
-    ``COUNT`` per column (:mod:`dpsql.rewrite_columns`)."""
+    ``COUNT`` per column (:mod:`dpsql.rewrite.columns`)."""
     cap = plan.max_rows_per_unit
     keys = ["__u", *(k.name for k in plan.group_keys)]
     projections: list[exp.Expression] = [_col(k) for k in keys]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sqlglot.expressions as exp
 
 from dpsql.plan import Measurement
-from dpsql.rewrite_nodes import call, column, keyed_hash
+from dpsql.rewrite.nodes import call, column, keyed_hash
 
 __all__ = ["distinct_row_value", "distinct_total", "kept_values"]
 

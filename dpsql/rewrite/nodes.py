@@ -1,7 +1,7 @@
 """The sqlglot nodes the bounded query is built of: quoted columns, plain types and casts,
 aliases, literals, function calls and the keyed hash.
 
-Shared by :mod:`dpsql.rewrite` and its helpers (:mod:`dpsql.rewrite_distinct`,
+Shared by :mod:`dpsql.rewrite` and its helpers (:mod:`dpsql.rewrite.distinct`,
 :mod:`dpsql.release.bias`), so that none of them imports another for its building blocks.
 Every node is built here from names and numbers, never parsed from text.
 """
