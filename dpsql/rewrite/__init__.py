@@ -428,9 +428,11 @@ def _table(name: str) -> exp.Table:
 
 
 def _index(array: exp.Expression, position: int) -> exp.Expression:
-    """The ``position``-th element (1-based) of a list. sqlglot's Bracket is 0-based and
-    adds DuckDB's offset when it writes the SQL: ``_index(l, 1)`` is ``l[1]``, the first."""
-    return exp.Bracket(this=array, expressions=[_int(position - 1)])
+    """The ``position``-th element (1-based) of a list: ``_index(l, 1)`` is ``l[1]``, the
+    first. The index is stored 1-based (``offset=1``, DuckDB's), so sqlglot writes it as
+    it is instead of typing the list and simplifying ``index + 1`` on every write (about
+    1 ms per bracket in the L0 step's SQL)."""
+    return exp.Bracket(this=array, expressions=[_int(position)], offset=1)
 
 
 def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool) -> exp.Select:

@@ -246,8 +246,9 @@ def smallest_hashes(node: exp.Expression) -> exp.Expression:
         return _fn("size", node.this if isinstance(node, exp.Length) else node.expressions[0])
     if isinstance(node, exp.Bracket) and len(node.expressions) == 1:
         index = node.expressions[0]
-        if isinstance(index, exp.Literal) and not index.is_string:
-            return _fn("try_element_at", node.this, exp.Literal.number(int(index.this) + 1))
+        if isinstance(index, exp.Literal) and not index.is_string:  # 1-based: offset 1 (dpsql's), or 0
+            position = int(index.this) + 1 - int(node.args.get("offset") or 0)
+            return _fn("try_element_at", node.this, exp.Literal.number(position))
     return node
 
 
