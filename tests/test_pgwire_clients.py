@@ -1,7 +1,9 @@
 """Real Postgres drivers against a real ``dpsql serve --pg-port`` process: asyncpg (which
 always prepares server-side, describes the statement before it binds, and reads results in
 binary), psycopg 3 with server-side prepared statements (``prepare=True``, text and binary
-results) and psycopg 3 over the simple query protocol (several statements in one message).
+results), psycopg 3 over the simple query protocol (several statements in one message) and
+JDBC (Debian's PostgreSQL driver, ``getMetaData`` before execution, a named server-side
+statement from the second run on).
 
 Each covers parameters, integer / double / text / boolean / date / NULL columns, a repeat
 (the same answer, charged once), a refusal (an ErrorResponse with dpsql's message and its
@@ -12,6 +14,8 @@ queries are released at the server's deadline (~0.1 s each), so the file keeps t
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,8 @@ pytestmark = pytest.mark.server
 
 GROUPED = ("SELECT region, COUNT(*) AS n, AVG(income) AS avg_income, COUNT(*) > 100 AS big, "
            "DATE '2024-01-02' AS day, NULL AS nothing FROM visits WHERE age > $1 GROUP BY region")
-ANALYSTS = ("bob", "erin", "frank", "grace")  # each the default budget: epsilon 1.0, at most 1.0 a query
+ANALYSTS = ("bob", "erin", "frank", "grace", "heidi")  # each the default budget: epsilon 1.0, at most 1.0 a query
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")  # Debian's libpostgresql-jdbc-java (.ci/run installs it)
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +167,33 @@ def test_psycopg_simple_protocol_several_statements_errors_and_a_repeat(server):
         assert broke.value.sqlstate == "53400"
         cur.execute("SELECT %s AS t, %s AS i", ("it's", 7))
         assert cur.fetchone() == ("it's", 7)
+
+
+# ---------------------------------------------------------------- JDBC
+
+
+def test_jdbc_describes_before_it_binds_and_runs_a_named_statement(server, tmp_path):
+    java = shutil.which("java")
+    if java is None or shutil.which("javac") is None or not JDBC_JAR.exists():
+        pytest.skip("needs a JDK (java, javac) and Debian's libpostgresql-jdbc-java (/usr/share/java/postgresql.jar)")
+    process, tokens = server
+    url = f"jdbc:postgresql://{process.host}:{process.port}/dpsql?prepareThreshold=2&sslmode=disable"
+    source = Path(__file__).resolve().parent / "jdbc" / "DpsqlJdbc.java"
+    done = subprocess.run([java, "-cp", str(JDBC_JAR), str(source), url, "heidi", tokens["heidi"]],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "columns region:text n:int8 avg_income:float8 big:bool day:date nothing:text"
+    assert lines[1] == "parameters 1 int8" and lines[2] == "spent 0.0"  # described: nothing charged
+    runs = [line for line in lines if line.startswith("rows ")]
+    assert len(runs) == 3 and runs[0] == runs[1] == runs[2]  # unnamed, then a named statement: one answer, a repeat
+    rows = [cell.split("|") for cell in runs[0].split()[1:]]
+    assert sorted(r[0] for r in rows) == ["east", "north", "south", "west"]
+    for _, n, avg_income, big, day, nothing in rows:
+        assert n.lstrip("-").isdigit()  # a whole number
+        assert float(avg_income) >= 0 and big == ("true" if int(n) > 100 else "false")
+        assert day == "2024-01-02" and nothing == "null"
+    assert lines[6] == "spent 0.25"
+    assert lines[7].startswith("error 42501 ") and "ssn" in lines[7]
+    assert lines[8].startswith("error 53400 ")
+    assert lines[9] == "spent 0.25"

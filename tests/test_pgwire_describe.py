@@ -108,15 +108,24 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("accuracy,bias", [("off", "off"), ("on", "off"), ("off", "on"), ("on", "on")])
-def test_described_columns_are_the_answers_columns(front: _Front, accuracy: str, bias: str) -> None:
+def test_described_columns_are_the_answers_columns(front: _Front, accuracy: str, bias: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     front.settings.update({"dpsql.accuracy": accuracy, "dpsql.bias": bias})
+    engine = front.server.service.conn._engine
+    runs: list[object] = []
+    real_run = engine.run
+    monkeypatch.setattr(engine, "run", lambda *a, **k: (runs.append(a), real_run(*a, **k))[1])
     seen_types: set[int] = set()
     for sql in SHAPES:
         statement = st.one_statement(sql)
         spent = front.server.service.conn.budget().epsilon_spent
-        executed = front.server.service.executed
+        executed, ran = front.server.service.executed, len(runs)
         described = front._columns(statement, statement.text).columns
         assert front.server.service.conn.budget().epsilon_spent == spent, sql  # nothing charged
+        if "visits" in sql and not sql.startswith(("EXPLAIN", "SELECT dpsql")):
+            # and the engine read no private row: planning reads public tables only (a public
+            # key's values), as explain() does
+            assert not any("visits" in str(args[0]) for args in runs[ran:]), (sql, runs[ran:])
         outcome = front._run(statement, statement.text)
         assert outcome.columns is not None and described is not None, sql
         if bias == "on" and outcome.rows:
@@ -126,6 +135,9 @@ def test_described_columns_are_the_answers_columns(front: _Front, accuracy: str,
         if "FROM regions" not in sql or "visits" in sql:
             assert front.server.service.executed == executed + (not sql.startswith(("SHOW", "EXPLAIN", "SELECT 1",
                                                                                       "SELECT rel", "SELECT dpsql"))), sql
+        if accuracy == bias == "off" and "visits" in sql and not sql.startswith(("EXPLAIN", "SELECT dpsql",
+                                                                                  "SELECT DISTINCT")):
+            assert len(runs) > ran, sql  # the spy sees the engine when a first answer reads the data
         seen_types |= {c.oid for c in described}
     assert {m.INT8, m.FLOAT8, m.TEXT, m.BOOL, m.INT4} <= seen_types
 
