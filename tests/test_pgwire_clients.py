@@ -105,6 +105,15 @@ def test_asyncpg_prepares_describes_binds_and_reads_binary(server):
                 await conn.fetch("SELECT COUNT(*) AS n FROM visits /* dpsql: epsilon=0.75 */")
             assert broke.value.sqlstate == "53400" and "budget" in str(broke.value).lower()
             assert (await conn.fetchrow("SHOW dpsql.budget"))["epsilon_spent"] == pytest.approx(0.75)  # 3 queries
+            await conn.execute("SET dpsql.accuracy = on")  # more columns than `statement` was described with
+            with pytest.raises(asyncpg.PostgresError) as changed:
+                await statement.fetch(30)
+            assert changed.value.sqlstate == "0A000" and "prepare it again" in str(changed.value)
+            again_described = await conn.prepare(GROUPED)
+            names = [a.name for a in again_described.get_attributes()]
+            assert names[:5] == ["region", "n", "n_ci95", "avg_income", "avg_income_ci95"]
+            with_ci = await again_described.fetch(30)  # a repeat: free, with the intervals added
+            assert list(with_ci[0].keys()) == names and with_ci[0]["n_ci95"] > 0
         finally:
             await conn.close()
 
@@ -141,6 +150,10 @@ def test_psycopg_prepared_statements_in_text_and_binary(server, binary):
         assert broke.value.sqlstate == "53400"
         assert _spent(conn) == pytest.approx(0.5)  # refusals charged nothing
         assert conn.execute("SELECT 1 AS one", prepare=True, binary=binary).fetchone() == (1,)
+        conn.execute("SET dpsql.accuracy = on")  # psycopg describes each portal: it sees the new columns
+        cur = conn.execute(sql, (30,), prepare=True, binary=binary)
+        assert [d.name for d in cur.description][:3] == ["region", "n", "n_ci95"]
+        assert cur.fetchall()[0][:2] == rows[0][:2] and _spent(conn) == pytest.approx(0.5)  # a repeat
 
 
 # ---------------------------------------------------------------- psycopg 3, simple query protocol

@@ -46,6 +46,7 @@ class Prepared:
     oids: list[int]
     columns: list[m.Column] | None = None
     described: bool = False  # its RowDescription went to the client: every execution keeps it
+    shape: tuple[str, str] = ("", "")  # dpsql.accuracy and dpsql.bias when it was described
 
 
 @dataclass
@@ -339,6 +340,7 @@ class Session(Answering):
             sql = st.bind(sql, values, [m.INT8 if v else oid for v, oid in zip(values, typed)])
         described = self._columns(statement, sql)
         prepared.columns = described.columns
+        prepared.shape = self._shape()
         prepared.oids = describe.parameter_types(statement.text, prepared.oids, described.types)
         prepared.described = True
 
@@ -347,6 +349,9 @@ class Session(Answering):
         (refused, before it runs, if its parameters would change them)."""
         if portal.columns is None:
             prepared = portal.prepared
+            if prepared.described and prepared.shape != self._shape():
+                raise Refusal("0A000", "cached plan must not change result type: dpsql.accuracy or dpsql.bias "
+                              "changed since the statement was described; prepare it again.")
             if prepared.described and not prepared.oids:
                 portal.columns = prepared.columns
             else:
@@ -359,6 +364,10 @@ class Session(Answering):
                               "(a parameter in the select list?): cast it, e.g. $1::float8, or prepare the "
                               "statement again.")
         return portal.columns
+
+    def _shape(self) -> tuple[str, str]:
+        """The settings that add result columns."""
+        return self._setting("dpsql.accuracy"), self._setting("dpsql.bias")
 
     def _execute(self, fields: m.Fields) -> None:
         portal = self._portal(fields.cstring())
