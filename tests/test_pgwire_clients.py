@@ -1,7 +1,7 @@
 """Real Postgres drivers against a real ``dpsql serve --pg-port`` process: asyncpg (which
 always prepares server-side, describes the statement before it binds, and reads results in
 binary), psycopg 3 with server-side prepared statements (``prepare=True``, text and binary
-results), psycopg 3 over the simple query protocol (several statements in one message) and
+results), SQLAlchemy's asyncpg dialect, psycopg 3 over the simple query protocol (several statements in one message) and
 JDBC (Debian's PostgreSQL driver, ``getMetaData`` before execution, a named server-side
 statement from the second run on).
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.server
 
 GROUPED = ("SELECT region, COUNT(*) AS n, AVG(income) AS avg_income, COUNT(*) > 100 AS big, "
            "DATE '2024-01-02' AS day, NULL AS nothing FROM visits WHERE age > $1 GROUP BY region")
-ANALYSTS = ("bob", "erin", "frank", "grace", "heidi")  # each the default budget: epsilon 1.0, at most 1.0 a query
+ANALYSTS = ("bob", "erin", "frank", "grace", "heidi", "ivan")  # each the default budget: epsilon 1.0, at most 1.0 a query
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")  # Debian's libpostgresql-jdbc-java (.ci/run installs it)
 
 
@@ -118,6 +118,33 @@ def test_asyncpg_prepares_describes_binds_and_reads_binary(server):
             await conn.close()
 
     asyncio.run(session())
+
+
+def test_sqlalchemy_asyncpg_dialect(server):
+    pytest.importorskip("asyncpg", reason="asyncpg is in the test extra")
+    pytest.importorskip("greenlet", reason="SQLAlchemy's asyncio needs greenlet (in the test extra)")
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    process, tokens = server
+
+    async def session() -> tuple[list[Any], list[Any], list[str]]:
+        engine = create_async_engine(f"postgresql+asyncpg://ivan:{tokens['ivan']}@{process.host}:{process.port}/dpsql")
+        try:
+            async with engine.connect() as conn:
+                one = (await conn.execute(sqlalchemy.text("SELECT COUNT(*) AS n FROM visits WHERE age > :a"),
+                                          {"a": 30})).fetchall()
+                grouped = (await conn.execute(sqlalchemy.text(
+                    "SELECT region, AVG(income) AS a FROM visits GROUP BY region"))).fetchall()
+                tables = await conn.run_sync(lambda c: sqlalchemy.inspect(c).get_table_names())
+                return one, grouped, tables
+        finally:
+            await engine.dispose()
+
+    one, grouped, tables = asyncio.run(session())
+    assert len(one) == 1 and type(one[0][0]) is int
+    assert sorted(r[0] for r in grouped) == ["east", "north", "south", "west"] and all(type(r[1]) is float for r in grouped)
+    assert sorted(tables) == ["regions", "visits"]
 
 
 # ---------------------------------------------------------------- psycopg 3, server-side prepared
