@@ -48,6 +48,7 @@ from typing import Any
 
 import duckdb
 import sqlglot.generator
+import sqlglot.parser
 from sqlglot.dialects.dialect import Dialect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +115,8 @@ class StageTimer:
 
 def instrument(timer: StageTimer) -> None:
     timer.wrap(Dialect, "parse", "parse")
+    timer.wrap(Dialect, "tokenize", "parse")
+    timer.wrap(sqlglot.parser.Parser, "parse", "parse")
     for name in ("analyze", "public_only", "references_local_table"):
         timer.wrap(connection, name, "analyze")
     timer.wrap(Postprocessor, "check", "analyze")
