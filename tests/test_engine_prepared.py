@@ -63,5 +63,7 @@ def test_threads_follow_the_coarse_table_size(tmp_path: Path) -> None:
     threads = [e._con.execute("SELECT current_setting('threads')").fetchall()[0][0] for e in (small, large)]
     assert threads[0] == 1
     assert threads[1] == duckdb.connect().execute("SELECT current_setting('threads')").fetchall()[0][0]
+    off = [e._con.execute("SELECT current_setting('disabled_optimizers')").fetchall()[0][0] for e in (small, large)]
+    assert set(off[0].split(",")) == set(engine_module.SMALL_TABLE_OPTIMIZERS_OFF) and off[1] == ""
     small.close()
     large.close()
