@@ -149,6 +149,8 @@ class Service:
                 return
             self._closed = True
             connections = list(self._connections.values())
+        if isinstance(self.timing, ReleaseTiming):
+            log.info("%s", self.timing.usage.summary())
         if self.pool is not None:
             self.pool.close()
         for conn in connections:
