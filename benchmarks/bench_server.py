@@ -81,6 +81,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of new queries then repeats")
     parser.add_argument("--workers", type=int, default=None, help="dpsql serve --workers (default: its own, one per core)")
     parser.add_argument("--slack", type=float, default=None, help="[server] deadline_slack (default: the policy's)")
+    parser.add_argument("--margin-ms", type=float, default=None, help="[server] deadline_margin_ms (default: the policy's)")
     parser.add_argument("--deadline-base-ms", type=float, default=None, help="pin the speed model (with the next)")
     parser.add_argument("--deadline-ms-per-million-rows", type=float, default=None)
     parser.add_argument("--compare", default=None, metavar="DIR",
@@ -89,6 +90,8 @@ def main() -> int:
     parser.add_argument("--compare-deadline-base-ms", type=float, default=None,
                         help="pin the compared server's model (with the next; its formula may differ)")
     parser.add_argument("--compare-deadline-ms-per-million-rows", type=float, default=None)
+    parser.add_argument("--compare-slack", type=float, default=None, help="the compared server's deadline_slack")
+    parser.add_argument("--compare-margin-ms", type=float, default=None, help="the compared server's deadline_margin_ms")
     parser.add_argument("--write", action="store_true", help=f"also append the report to {RESULTS}")
     args = parser.parse_args()
 
@@ -110,10 +113,12 @@ def main() -> int:
                 folder = home / name
                 folder.mkdir()
                 own = policy
-                if name == "compared" and args.compare_deadline_base_ms is not None:
+                if name == "compared" and (args.compare_deadline_base_ms is not None or args.compare_slack is not None
+                                           or args.compare_margin_ms is not None):
                     own = folder / "policy.toml"
                     own.write_text(_bench_policy(args, args.compare_deadline_base_ms,
-                                                 args.compare_deadline_ms_per_million_rows))
+                                                 args.compare_deadline_ms_per_million_rows,
+                                                 slack=args.compare_slack, margin_ms=args.compare_margin_ms))
                 workers = args.compare_workers if name == "compared" and args.compare_workers else args.workers
                 servers.append(_start_server(db, own, home / "auth.toml", folder, workers, code))
             overhead_token = tokens.pop(f"bench{args.clients}")
@@ -146,12 +151,17 @@ def main() -> int:
     return 0
 
 
-def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_million_ms: float | None = None) -> str:
+def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_million_ms: float | None = None, *,
+                  slack: float | None = None, margin_ms: float | None = None) -> str:
     """The demo policy with a budget and a rate limit that the benchmark cannot exhaust."""
     text = (ROOT / "policies" / "demo.toml").read_text()
     server = ["queries_per_minute = 100000000"]
-    if args.slack is not None:
-        server.append(f"deadline_slack = {args.slack}")
+    slack = slack if slack is not None else args.slack
+    margin_ms = margin_ms if margin_ms is not None else getattr(args, "margin_ms", None)
+    if slack is not None:
+        server.append(f"deadline_slack = {slack}")
+    if margin_ms is not None:
+        server.append(f"deadline_margin_ms = {margin_ms}")
     if base_ms is None:
         base_ms, per_million_ms = args.deadline_base_ms, args.deadline_ms_per_million_rows
     if base_ms is not None:
@@ -160,7 +170,7 @@ def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_mi
     for line in text.splitlines():
         if line.startswith("default = {"):
             line = BIG_BUDGET
-        elif line.startswith(("queries_per_minute", "deadline_slack")):
+        elif line.startswith(("queries_per_minute", "deadline_slack", "deadline_margin_ms")):
             continue
         lines.append(line)
         if line.strip() == "[server]":
