@@ -15,6 +15,7 @@ import socket
 import ssl
 import struct
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from dpsql.pgwire.answer import (
     _REPORTED,
     _REPORTED_NAMES,
     Answering,
+    Described,
     Host,
     Outcome,
     Refusal,
@@ -74,6 +76,7 @@ class Session(Answering):
         self._prepared: dict[str, Prepared] = {}
         self._portals: dict[str, Portal] = {}
         self._skipping = False
+        self._descriptions: OrderedDict[tuple[Any, ...], Described] = OrderedDict()
 
     # ------------------------------------------------------------ the connection's life
 
@@ -338,7 +341,7 @@ class Session(Answering):
             typed = describe.parameter_types(sql, prepared.oids, {})
             values = ["1" if limit else None for limit in describe.limit_parameters(sql, len(prepared.oids))]
             sql = st.bind(sql, values, [m.INT8 if v else oid for v, oid in zip(values, typed)])
-        described = self._columns(statement, sql)
+        described = self._described(statement, sql, types=True)
         prepared.columns = described.columns
         prepared.shape = self._shape()
         prepared.oids = describe.parameter_types(statement.text, prepared.oids, described.types)
@@ -355,7 +358,7 @@ class Session(Answering):
             if prepared.described and not prepared.oids:
                 portal.columns = prepared.columns
             else:
-                described = self._columns(prepared.statement, portal.sql, types=False)
+                described = self._described(prepared.statement, portal.sql, types=False)
                 portal.columns = described.columns
                 if portal.outcome is None and described.outcome is not None:
                     portal.outcome = described.outcome  # answered to be described (free): not again
@@ -364,6 +367,22 @@ class Session(Answering):
                               "(a parameter in the select list?): cast it, e.g. $1::float8, or prepare the "
                               "statement again.")
         return portal.columns
+
+    def _described(self, statement: st.Statement, sql: str, *, types: bool) -> Described:
+        """:meth:`_columns`, remembered per SQL text and the settings it depends on when it
+        came from a plan (a plan depends on nothing else; a catalog answer or SHOW is asked
+        again)."""
+        key = (sql, types, self.settings.get("dpsql.epsilon"), self.settings.get("dpsql.delta"), *self._shape())
+        described = self._descriptions.get(key)
+        if described is None:
+            described = self._columns(statement, sql, types=types)
+            if described.outcome is None:
+                if len(self._descriptions) >= _MAX_STATEMENTS:
+                    self._descriptions.popitem(last=False)
+                self._descriptions[key] = described
+        else:
+            self._descriptions.move_to_end(key)
+        return described
 
     def _shape(self) -> tuple[str, str]:
         """The settings that add result columns."""
