@@ -193,3 +193,17 @@ def test_binary_values_read_back_with_psycopgs_loaders(value: object, oid: int) 
 
     loader = Transformer().get_loader(oid, Format.BINARY)
     assert loader.load(m.binary_value(value, oid)) == value
+
+
+@pytest.mark.parametrize("value", [
+    datetime.date(2024, 2, 29), datetime.date(1970, 1, 1), datetime.datetime(2024, 5, 6, 7, 8, 9, 123456),
+    datetime.datetime(1999, 12, 31, 23, 59, 59), datetime.time(13, 14, 15, 16),
+    datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC),
+])
+def test_binary_parameters_from_psycopgs_dumpers_bind_as_their_text(value: object) -> None:
+    pytest.importorskip("psycopg")
+    from psycopg.adapt import PyFormat, Transformer
+
+    dumper = Transformer().get_dumper(value, PyFormat.BINARY)
+    text = st.decode_binary(bytes(dumper.dump(value)), dumper.oid, 1)
+    assert text == (value.isoformat(sep=" ") if isinstance(value, datetime.datetime) else value.isoformat())

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import struct
@@ -240,6 +241,25 @@ def decode_binary(data: bytes, oid: int, index: int) -> str:
             return "t" if data != b"\0" else "f"
         if oid in _TEXT_TYPES:
             return data.decode("utf-8")
-    except (struct.error, UnicodeDecodeError):
+        if oid in _TEMPORAL:
+            return _temporal(data, oid)
+    except (struct.error, UnicodeDecodeError, OverflowError, ValueError):
         raise BadParameter(f"parameter ${index}: malformed binary value for type OID {oid}.") from None
     raise BadParameter(f"parameter ${index}: binary format for type OID {oid} is not supported; send it as text.")
+
+
+_TEMPORAL = {m.DATE, m.TIMESTAMP, m.TIMESTAMPTZ, m.TIME}
+_EPOCH = datetime.datetime(2000, 1, 1)
+
+
+def _temporal(data: bytes, oid: int) -> str:
+    """A binary date (days since 2000-01-01), timestamp (microseconds since then) or time
+    (microseconds since midnight) as ISO text; a timestamptz in UTC."""
+    if oid == m.DATE:
+        (days,) = struct.unpack("!i", data)
+        return (_EPOCH.date() + datetime.timedelta(days=days)).isoformat()
+    (micros,) = struct.unpack("!q", data)
+    if oid == m.TIME:
+        return (datetime.datetime.min + datetime.timedelta(microseconds=micros)).time().isoformat()
+    stamp = _EPOCH + datetime.timedelta(microseconds=micros)
+    return stamp.isoformat(sep=" ") + ("+00:00" if oid == m.TIMESTAMPTZ else "")
