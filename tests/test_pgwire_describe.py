@@ -20,7 +20,7 @@ from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
 from dpsql.pgwire.answer import Answering, Described, Outcome
 from dpsql.pgwire.catalog import Catalog
-from dpsql.pgwire.describe import Describer, limit_parameters, parameter_types
+from dpsql.pgwire.describe import Describer, parameter_types, placeholder_values
 from dpsql.pgwire.session import conform
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,7 +163,11 @@ def test_parameters_take_the_type_of_the_column_they_are_compared_with(front: _F
     assert parameter_types(sql, [0] * 8, types) == [m.INT8, m.TEXT, m.FLOAT8, m.FLOAT8, m.INT8, m.TEXT, m.TEXT, m.TEXT]
     assert parameter_types(sql, [m.INT4] + [0] * 7, types)[0] == m.INT4  # what the client declared stays
     assert parameter_types("SELECT $1::int AS x LIMIT $2", [0, 0], {}) == [m.INT8, m.INT8]
-    assert limit_parameters("SELECT COUNT(*) FROM visits WHERE age > $1 LIMIT $2", 2) == [False, True]
+    assert parameter_types("SELECT PERCENTILE_CONT($1) WITHIN GROUP (ORDER BY age) FROM visits WHERE age + $2 > 3",
+                           [0, 0], types) == [m.FLOAT8, m.INT8]
+    sql = "SELECT PERCENTILE_CONT($1) WITHIN GROUP (ORDER BY age) FROM visits WHERE zip = $2 LIMIT $3"
+    assert placeholder_values(sql, [m.FLOAT8, m.TEXT, m.INT8], samples=False) == [None, None, "1"]
+    assert placeholder_values(sql, [m.FLOAT8, m.TEXT, m.INT8], samples=True) == ["0.5", None, "1"]
 
 
 def test_a_bias_column_without_cells_is_null_and_a_wrong_answer_fails() -> None:

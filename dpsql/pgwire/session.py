@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from dpsql.errors import AuthenticationError, QueryFailed
+from dpsql.errors import AuthenticationError, Error, QueryFailed
 from dpsql.pgwire import describe
 from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
@@ -331,17 +331,27 @@ class Session(Answering):
         self._out.append(m.row_description(columns, portal.formats))
 
     def _describe_statement(self, prepared: Prepared) -> None:
-        """The statement's columns, with its parameters NULL, and the types of the parameters
-        the client left untyped (from the columns they are compared with)."""
+        """The statement's columns, with its parameters NULL (else sample values:
+        :func:`~dpsql.pgwire.describe.placeholder_values`), and the types of the parameters the
+        client left untyped (:func:`~dpsql.pgwire.describe.parameter_types`)."""
         if prepared.described:
             return
         statement = prepared.statement
-        sql = statement.text
-        if prepared.oids:  # NULL, but 1 for a LIMIT or OFFSET (which NULL would not be)
-            typed = describe.parameter_types(sql, prepared.oids, {})
-            values = ["1" if limit else None for limit in describe.limit_parameters(sql, len(prepared.oids))]
-            sql = st.bind(sql, values, [m.INT8 if v else oid for v, oid in zip(values, typed)])
-        described = self._described(statement, sql, types=True)
+        typed = describe.parameter_types(statement.text, prepared.oids, {})
+        values = describe.placeholder_values(statement.text, typed, samples=False)
+        sql = st.bind(statement.text, values, typed) if prepared.oids else statement.text
+        try:
+            described = self._described(statement, sql, types=True)
+        except Error as refusal:
+            # a NULL some parameter cannot be (PERCENTILE_CONT($1)): sample values, else the
+            # first refusal (a refused statement is refused whatever its values)
+            samples = describe.placeholder_values(statement.text, typed, samples=True)
+            if not prepared.oids or samples == values:
+                raise
+            try:
+                described = self._described(statement, st.bind(statement.text, samples, typed), types=True)
+            except Error:
+                raise refusal from None
         prepared.columns = described.columns
         prepared.shape = self._shape()
         prepared.oids = describe.parameter_types(statement.text, prepared.oids, described.types)

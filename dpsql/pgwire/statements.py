@@ -44,7 +44,8 @@ from dpsql.pgwire import messages as m
 
 __all__ = ["Hint", "Statement", "bind", "decode_binary", "hint_of", "split"]
 
-DIALECT = "duckdb"
+DIALECT = "duckdb"  # how statements are split and hints read
+BIND_DIALECT = "postgres"  # what the front asks the pipeline to read: a bound statement stays Postgres SQL
 _SESSION_WORDS = {"SET", "SHOW", "RESET", "BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT",
                   "SAVEPOINT", "RELEASE", "DISCARD", "DEALLOCATE", "EXPLAIN"}
 
@@ -192,7 +193,7 @@ def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
     if not values:
         return sql
     try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
+        tree = sqlglot.parse_one(sql, read=BIND_DIALECT)
     except (ParseError, TokenError) as exc:
         raise SyntaxProblem(f"the statement does not parse: {first_line(exc)}") from None
 
@@ -203,7 +204,7 @@ def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
         bound = bind_tree(tree, len(values), literal_for, all_used=False)
     except params.BadParameter as exc:
         raise exc if isinstance(exc, BadParameter) else BadParameter(str(exc)) from None
-    return bound.sql(dialect=DIALECT)
+    return bound.sql(dialect=BIND_DIALECT)
 
 
 def literal(value: str | None, oid: int, index: int) -> exp.Expression:
