@@ -105,6 +105,9 @@ def test_asyncpg_prepares_describes_binds_and_reads_binary(server):
             with pytest.raises(asyncpg.PostgresError) as refused:
                 await conn.fetch("SELECT ssn FROM visits WHERE age > $1", 30)
             assert refused.value.sqlstate == "42501" and "ssn" in str(refused.value)
+            with pytest.raises(asyncpg.PostgresError) as typo:
+                await conn.prepare("SELEC COUNT(*) FROM visits")
+            assert typo.value.sqlstate == "42601"
             with pytest.raises(asyncpg.PostgresError) as broke:
                 await conn.fetch("SELECT COUNT(*) AS n FROM visits /* dpsql: epsilon=0.5 */")
             assert broke.value.sqlstate == "53400" and "budget" in str(broke.value).lower()
