@@ -211,3 +211,16 @@ def test_binary_parameters_from_psycopgs_dumpers_bind_as_their_text(value: objec
     dumper = Transformer().get_dumper(value, PyFormat.BINARY)
     text = st.decode_binary(bytes(dumper.dump(value)), dumper.oid, 1)
     assert text == (value.isoformat(sep=" ") if isinstance(value, datetime.datetime) else value.isoformat())
+
+
+def test_a_key_whose_engine_type_cannot_be_bound_takes_its_familys_type(front: _Front) -> None:
+    import dataclasses
+
+    conn = front.server.service.conn
+    plan = conn.plan("SELECT age > 50 AS older, CAST(age AS INTEGER) AS a, COUNT(*) AS n FROM visits "
+                     "GROUP BY age > 50, CAST(age AS INTEGER)", epsilon=1.0, delta=1e-6)
+    exact = front.server.describer.columns(plan, accuracy=False, bias=False)
+    assert [c.oid for c in exact] == [m.BOOL, m.INT4, m.INT8]
+    odd = [dataclasses.replace(s, types=tuple((n, "NO_SUCH_TYPE") for n, _ in s.types)) for s in plan.sources]
+    families = front.server.describer.columns(dataclasses.replace(plan, sources=tuple(odd)), accuracy=False, bias=False)
+    assert [c.oid for c in families] == [m.BOOL, m.FLOAT8, m.INT8]  # the boolean and number families
