@@ -3,7 +3,7 @@
 Starts a real ``python -m dpsql serve --pg-port 0`` on loopback over a small demo table
 (2,000 rows) and measures, for one small query:
 
-- **latency**: the median of ``--repeat`` calls through psycopg (pg wire), ``dpsql.Client``
+- **latency**: the median of ``--repeat`` calls through psycopg and asyncpg (pg wire), ``dpsql.Client``
   (Flight) and ``dpsql.connect`` (embedded, in this process), interleaved call by call;
 - **throughput**: ``--clients`` threads, each with its own connection and analyst, for
   ``--seconds``: queries per second and p50/p99 latency, pg wire then Flight.
@@ -20,7 +20,9 @@ deadline, so they measure that deadline, not the protocol).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -28,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+import asyncpg
 import psycopg
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +53,8 @@ def _policy_text() -> str:
     from dpsql.errors import PolicyError
     from dpsql.policy import load_policy
 
+    if re.search(r"^queries_per_minute\s*=", POLICY_TEXT, re.MULTILINE):  # the demo policy's [server] has one
+        return re.sub(r"^queries_per_minute\s*=\s*\d+", "queries_per_minute = 100000000", POLICY_TEXT, flags=re.MULTILINE)
     with_limit = POLICY_TEXT + "\n[server]\nqueries_per_minute = 100000000\n"
     with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
         f.write(with_limit)
@@ -70,8 +75,12 @@ def latency(process: PgServerProcess, tokens: dict[str, str], home: Path, repeat
     flight = dpsql.Client(process.flight, token=tokens["alice"])
     embedded = dpsql.connect(str(home / "demo.duckdb"), policy=str(home / "policy.toml"), analyst="alice",
                              ledger=str(home / "embedded.sqlite"))
+    loop = asyncio.new_event_loop()  # asyncpg: every statement prepared and described server-side
+    apg = loop.run_until_complete(asyncpg.connect(host=process.host, port=process.port, user="alice",
+                                                  password=tokens["alice"], database="dpsql"))
     calls = {
         "pg wire (psycopg)": lambda sql: pg.execute(sql).fetchall(),
+        "pg wire (asyncpg, prepared)": lambda sql: loop.run_until_complete(apg.fetch(sql)),
         "Flight (dpsql.Client)": lambda sql: flight.execute(sql).fetchall(),
         "embedded (dpsql.connect)": lambda sql: embedded.execute(sql).fetchall(),
     }
@@ -92,6 +101,8 @@ def latency(process: PgServerProcess, tokens: dict[str, str], home: Path, repeat
     for name, (repeats, news) in times.items():
         rows.append(f"| {name} | {_ms(repeats)} | {_ms(news)} |")
     pg.close()
+    loop.run_until_complete(apg.close())
+    loop.close()
     embedded.close()
     return rows
 

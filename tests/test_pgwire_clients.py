@@ -98,13 +98,20 @@ def test_asyncpg_prepares_describes_binds_and_reads_binary(server):
             public = await conn.fetch("SELECT region, population FROM regions WHERE population > $1", 0)
             assert public and all(type(r["population"]) is int for r in public)  # public only: exact and free
 
+            # NULL is no fraction: the statement is described with a sample one, its parameter
+            # typed float8 from the function
+            median = await conn.fetchval("SELECT PERCENTILE_CONT($1) WITHIN GROUP (ORDER BY age) AS q FROM visits", 0.5)
+            assert type(median) is float and 0 <= median <= 100
             with pytest.raises(asyncpg.PostgresError) as refused:
                 await conn.fetch("SELECT ssn FROM visits WHERE age > $1", 30)
             assert refused.value.sqlstate == "42501" and "ssn" in str(refused.value)
+            with pytest.raises(asyncpg.PostgresError) as typo:
+                await conn.prepare("SELEC COUNT(*) FROM visits")
+            assert typo.value.sqlstate == "42601"
             with pytest.raises(asyncpg.PostgresError) as broke:
-                await conn.fetch("SELECT COUNT(*) AS n FROM visits /* dpsql: epsilon=0.75 */")
+                await conn.fetch("SELECT COUNT(*) AS n FROM visits /* dpsql: epsilon=0.5 */")
             assert broke.value.sqlstate == "53400" and "budget" in str(broke.value).lower()
-            assert (await conn.fetchrow("SHOW dpsql.budget"))["epsilon_spent"] == pytest.approx(0.75)  # 3 queries
+            assert (await conn.fetchrow("SHOW dpsql.budget"))["epsilon_spent"] == pytest.approx(1.0)  # 4 queries
             await conn.execute("SET dpsql.accuracy = on")  # more columns than `statement` was described with
             with pytest.raises(asyncpg.PostgresError) as changed:
                 await statement.fetch(30)

@@ -20,7 +20,7 @@ from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
 from dpsql.pgwire.answer import Answering, Described, Outcome
 from dpsql.pgwire.catalog import Catalog
-from dpsql.pgwire.describe import Describer, limit_parameters, parameter_types
+from dpsql.pgwire.describe import Describer, parameter_types, placeholder_values
 from dpsql.pgwire.session import conform
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,7 +163,11 @@ def test_parameters_take_the_type_of_the_column_they_are_compared_with(front: _F
     assert parameter_types(sql, [0] * 8, types) == [m.INT8, m.TEXT, m.FLOAT8, m.FLOAT8, m.INT8, m.TEXT, m.TEXT, m.TEXT]
     assert parameter_types(sql, [m.INT4] + [0] * 7, types)[0] == m.INT4  # what the client declared stays
     assert parameter_types("SELECT $1::int AS x LIMIT $2", [0, 0], {}) == [m.INT8, m.INT8]
-    assert limit_parameters("SELECT COUNT(*) FROM visits WHERE age > $1 LIMIT $2", 2) == [False, True]
+    assert parameter_types("SELECT PERCENTILE_CONT($1) WITHIN GROUP (ORDER BY age) FROM visits WHERE age + $2 > 3",
+                           [0, 0], types) == [m.FLOAT8, m.INT8]
+    sql = "SELECT PERCENTILE_CONT($1) WITHIN GROUP (ORDER BY age) FROM visits WHERE zip = $2 LIMIT $3"
+    assert placeholder_values(sql, [m.FLOAT8, m.TEXT, m.INT8], samples=False) == [None, None, "1"]
+    assert placeholder_values(sql, [m.FLOAT8, m.TEXT, m.INT8], samples=True) == ["0.5", None, "1"]
 
 
 def test_a_bias_column_without_cells_is_null_and_a_wrong_answer_fails() -> None:
@@ -193,3 +197,30 @@ def test_binary_values_read_back_with_psycopgs_loaders(value: object, oid: int) 
 
     loader = Transformer().get_loader(oid, Format.BINARY)
     assert loader.load(m.binary_value(value, oid)) == value
+
+
+@pytest.mark.parametrize("value", [
+    datetime.date(2024, 2, 29), datetime.date(1970, 1, 1), datetime.datetime(2024, 5, 6, 7, 8, 9, 123456),
+    datetime.datetime(1999, 12, 31, 23, 59, 59), datetime.time(13, 14, 15, 16),
+    datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC),
+])
+def test_binary_parameters_from_psycopgs_dumpers_bind_as_their_text(value: object) -> None:
+    pytest.importorskip("psycopg")
+    from psycopg.adapt import PyFormat, Transformer
+
+    dumper = Transformer().get_dumper(value, PyFormat.BINARY)
+    text = st.decode_binary(bytes(dumper.dump(value)), dumper.oid, 1)
+    assert text == (value.isoformat(sep=" ") if isinstance(value, datetime.datetime) else value.isoformat())
+
+
+def test_a_key_whose_engine_type_cannot_be_bound_takes_its_familys_type(front: _Front) -> None:
+    import dataclasses
+
+    conn = front.server.service.conn
+    plan = conn.plan("SELECT age > 50 AS older, CAST(age AS INTEGER) AS a, COUNT(*) AS n FROM visits "
+                     "GROUP BY age > 50, CAST(age AS INTEGER)", epsilon=1.0, delta=1e-6)
+    exact = front.server.describer.columns(plan, accuracy=False, bias=False)
+    assert [c.oid for c in exact] == [m.BOOL, m.INT4, m.INT8]
+    odd = [dataclasses.replace(s, types=tuple((n, "NO_SUCH_TYPE") for n, _ in s.types)) for s in plan.sources]
+    families = front.server.describer.columns(dataclasses.replace(plan, sources=tuple(odd)), accuracy=False, bias=False)
+    assert [c.oid for c in families] == [m.BOOL, m.FLOAT8, m.INT8]  # the boolean and number families

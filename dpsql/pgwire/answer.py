@@ -211,7 +211,13 @@ class Answering:
             outcome = self._query(sql)  # public rows, or post-processing of local reports: free
             return Described(outcome.columns, self._public_types(tree) if types else {}, outcome)
         epsilon, delta = self._amounts(sql)
-        plan = self.server.service.connection(self.user).plan(sql, epsilon=epsilon, delta=delta, dialect="postgres")
+        try:
+            plan = self.server.service.connection(self.user).plan(sql, epsilon=epsilon, delta=delta,
+                                                                  dialect="postgres")
+        except errors.QueryRejected as exc:
+            if tree is None:  # as _query says it: a parse error
+                raise st.SyntaxProblem(str(exc)) from None
+            raise
         columns = self.server.describer.columns(plan, accuracy=self._setting("dpsql.accuracy") == "on",
                                                 bias=self._setting("dpsql.bias") == "on")
         return Described(columns, column_types(plan))

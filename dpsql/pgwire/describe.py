@@ -25,9 +25,13 @@ known before execution it is announced as ``text``, as Postgres resolves an ``un
 (results are rendered as text, so the rows always read as announced).
 
 Parameter types: a ``$n`` the client did not type takes the engine type of the column it
-is compared with (``col = $1``, ``$1 < col``, ``col IN ($1, $2)``, ``col BETWEEN $1 AND $2``)
-or the type it is cast to (``$1::int``), integers as ``int8`` (a LIMIT or OFFSET too) and any other number as
-``float8``; else ``text``, as Postgres types an unknown literal. While the statement is described its parameters are NULL (a LIMIT's 1).
+is compared with or added to (``col = $1``, ``$1 < col``, ``col + $1``, ``col IN ($1, $2)``,
+``col BETWEEN $1 AND $2``), the type it is cast to (``$1::int``), ``float8`` for the fraction
+of ``PERCENTILE_CONT($1)``; integers as ``int8`` (a LIMIT or OFFSET too) and any other number as
+``float8``; else ``text``, as Postgres types an unknown literal. While the statement is described its parameters are NULL (a LIMIT's 1), or
+if the plan refuses that, a value of each one's type (:func:`placeholder_values`); a statement
+refused either way is refused at Describe, with the refusal its NULLs met. Each execution
+checks, before it runs, that its values give the columns described (else 0A000).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from dpsql.plan import NOISY_TABLE, QueryPlan
 from dpsql.release.aggregates import noisy_schema
 from dpsql.report import privacy_report
 
-__all__ = ["Describer", "column_types", "compatible", "limit_parameters", "parameter_types"]
+__all__ = ["Describer", "column_types", "compatible", "parameter_types", "placeholder_values"]
 
 _INTEGER_TYPES = re.compile(r"(U?(TINY|SMALL|BIG|HUGE)?INT(EGER)?|INT[1248]|LONG|SHORT)$")
 _FLOAT_TYPES = re.compile(r"(DOUBLE|FLOAT[48]?|REAL|DECIMAL.*|NUMERIC.*|UHUGEINT)$")
@@ -99,7 +103,10 @@ class Describer:
             body = ", ".join(f"CAST(NULL AS {kind}) AS {_quote(name)}" for name, kind in source.types)
             relations.append(f"(SELECT {body}) AS {_quote(source.alias)}")
         keys = ", ".join(f"{k.expression.sql(dialect='duckdb')} AS {_quote(k.name)}" for k in engine_keys)
-        types = self._bind(f"SELECT {keys} FROM {' CROSS JOIN '.join(relations)} LIMIT 0", None)
+        try:
+            types = self._bind(f"SELECT {keys} FROM {' CROSS JOIN '.join(relations)} LIMIT 0", None)
+        except InternalError:  # a column type this DuckDB cannot cast NULL to: the key's family's
+            return schema     # type stands (text, float8 for a number ...; conform() checks the answer)
         for key in engine_keys:
             index = schema.get_field_index(key.name)
             schema = schema.set(index, pa.field(key.name, types.field(key.name).type))
@@ -154,7 +161,7 @@ def parameter_types(sql: str, declared: Sequence[int], types: Mapping[str, int])
     else text."""
     out = [oid or m.TEXT for oid in declared]
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqlglot.parse_one(sql, read="postgres")
     except (ParseError, TokenError):
         return out
     for node in placeholders(tree):
@@ -163,6 +170,9 @@ def parameter_types(sql: str, declared: Sequence[int], types: Mapping[str, int])
             continue
         if isinstance(node.parent, (exp.Limit, exp.Offset)):
             out[int(digits) - 1] = m.INT8
+            continue
+        if isinstance(node.parent, (exp.PercentileCont, exp.PercentileDisc)):  # the fraction
+            out[int(digits) - 1] = m.FLOAT8
             continue
         if isinstance(node.parent, exp.Cast) and isinstance(node.parent.to, exp.DataType):  # $1::int
             out[int(digits) - 1] = oid_of_engine_type(node.parent.to.sql(dialect="duckdb"))
@@ -182,17 +192,24 @@ def parameter_type(oid: int) -> int:
     return oid if oid in (m.DATE, m.TIMESTAMP, m.TIMESTAMPTZ, m.TIME, m.BOOL) else m.TEXT
 
 
-def limit_parameters(sql: str, count: int) -> list[bool]:
-    """Per parameter, whether it is a LIMIT or OFFSET (typed ``int8``)."""
-    out = [False] * count
+_SAMPLES = {m.INT8: "1", m.INT4: "1", m.INT2: "1", m.FLOAT8: "0.5", m.FLOAT4: "0.5", m.NUMERIC: "0.5",
+            m.BOOL: "t", m.DATE: "2000-01-01", m.TIMESTAMP: "2000-01-01 00:00:00", m.TIME: "00:00:00"}
+
+
+def placeholder_values(sql: str, types: Sequence[int], *, samples: bool) -> list[str | None]:
+    """The values a statement's parameters take while it is described: NULL, but 1 for a
+    LIMIT or OFFSET (which NULL would not be); with ``samples``, a value of each typed
+    parameter's type (0.5 for a fraction, 1 for an integer ...: a NULL ``PERCENTILE_CONT($1)``
+    is refused), text still NULL."""
+    out: list[str | None] = [_SAMPLES.get(oid) if samples else None for oid in types]
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqlglot.parse_one(sql, read="postgres")
     except (ParseError, TokenError):
         return out
     for node in placeholders(tree):
         digits = str(node.name or "").lstrip("$")
-        if digits.isdigit() and 1 <= int(digits) <= count and isinstance(node.parent, (exp.Limit, exp.Offset)):
-            out[int(digits) - 1] = True
+        if digits.isdigit() and 1 <= int(digits) <= len(out) and isinstance(node.parent, (exp.Limit, exp.Offset)):
+            out[int(digits) - 1] = "1"
     return out
 
 
@@ -200,7 +217,7 @@ def _compared_column(node: exp.Expr) -> exp.Column | None:
     parent = node.parent
     if isinstance(parent, exp.Paren):
         node, parent = parent, parent.parent
-    if isinstance(parent, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)):
+    if isinstance(parent, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Add, exp.Sub, exp.Mul, exp.Div)):
         other = parent.expression if parent.this is node else parent.this
         return other if isinstance(other, exp.Column) else None
     if isinstance(parent, (exp.In, exp.Between)) and parent.this is not node:

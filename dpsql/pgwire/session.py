@@ -15,10 +15,11 @@ import socket
 import ssl
 import struct
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from dpsql.errors import AuthenticationError, QueryFailed
+from dpsql.errors import AuthenticationError, Error, QueryFailed
 from dpsql.pgwire import describe
 from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
@@ -26,6 +27,7 @@ from dpsql.pgwire.answer import (
     _REPORTED,
     _REPORTED_NAMES,
     Answering,
+    Described,
     Host,
     Outcome,
     Refusal,
@@ -74,6 +76,7 @@ class Session(Answering):
         self._prepared: dict[str, Prepared] = {}
         self._portals: dict[str, Portal] = {}
         self._skipping = False
+        self._descriptions: OrderedDict[tuple[Any, ...], Described] = OrderedDict()
 
     # ------------------------------------------------------------ the connection's life
 
@@ -328,17 +331,27 @@ class Session(Answering):
         self._out.append(m.row_description(columns, portal.formats))
 
     def _describe_statement(self, prepared: Prepared) -> None:
-        """The statement's columns, with its parameters NULL, and the types of the parameters
-        the client left untyped (from the columns they are compared with)."""
+        """The statement's columns, with its parameters NULL (else sample values:
+        :func:`~dpsql.pgwire.describe.placeholder_values`), and the types of the parameters the
+        client left untyped (:func:`~dpsql.pgwire.describe.parameter_types`)."""
         if prepared.described:
             return
         statement = prepared.statement
-        sql = statement.text
-        if prepared.oids:  # NULL, but 1 for a LIMIT or OFFSET (which NULL would not be)
-            typed = describe.parameter_types(sql, prepared.oids, {})
-            values = ["1" if limit else None for limit in describe.limit_parameters(sql, len(prepared.oids))]
-            sql = st.bind(sql, values, [m.INT8 if v else oid for v, oid in zip(values, typed)])
-        described = self._columns(statement, sql)
+        typed = describe.parameter_types(statement.text, prepared.oids, {})
+        values = describe.placeholder_values(statement.text, typed, samples=False)
+        sql = st.bind(statement.text, values, typed) if prepared.oids else statement.text
+        try:
+            described = self._described(statement, sql, types=True)
+        except Error as refusal:
+            # a NULL some parameter cannot be (PERCENTILE_CONT($1)): sample values, else the
+            # first refusal (a refused statement is refused whatever its values)
+            samples = describe.placeholder_values(statement.text, typed, samples=True)
+            if not prepared.oids or samples == values:
+                raise
+            try:
+                described = self._described(statement, st.bind(statement.text, samples, typed), types=True)
+            except Error:
+                raise refusal from None
         prepared.columns = described.columns
         prepared.shape = self._shape()
         prepared.oids = describe.parameter_types(statement.text, prepared.oids, described.types)
@@ -355,7 +368,7 @@ class Session(Answering):
             if prepared.described and not prepared.oids:
                 portal.columns = prepared.columns
             else:
-                described = self._columns(prepared.statement, portal.sql, types=False)
+                described = self._described(prepared.statement, portal.sql, types=False)
                 portal.columns = described.columns
                 if portal.outcome is None and described.outcome is not None:
                     portal.outcome = described.outcome  # answered to be described (free): not again
@@ -364,6 +377,22 @@ class Session(Answering):
                               "(a parameter in the select list?): cast it, e.g. $1::float8, or prepare the "
                               "statement again.")
         return portal.columns
+
+    def _described(self, statement: st.Statement, sql: str, *, types: bool) -> Described:
+        """:meth:`_columns`, remembered per SQL text and the settings it depends on when it
+        came from a plan (a plan depends on nothing else; a catalog answer or SHOW is asked
+        again)."""
+        key = (sql, types, self.settings.get("dpsql.epsilon"), self.settings.get("dpsql.delta"), *self._shape())
+        described = self._descriptions.get(key)
+        if described is None:
+            described = self._columns(statement, sql, types=types)
+            if described.outcome is None:
+                if len(self._descriptions) >= _MAX_STATEMENTS:
+                    self._descriptions.popitem(last=False)
+                self._descriptions[key] = described
+        else:
+            self._descriptions.move_to_end(key)
+        return described
 
     def _shape(self) -> tuple[str, str]:
         """The settings that add result columns."""

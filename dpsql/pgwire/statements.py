@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import struct
@@ -43,7 +44,8 @@ from dpsql.pgwire import messages as m
 
 __all__ = ["Hint", "Statement", "bind", "decode_binary", "hint_of", "split"]
 
-DIALECT = "duckdb"
+DIALECT = "duckdb"  # how statements are split and hints read
+BIND_DIALECT = "postgres"  # what the front asks the pipeline to read: a bound statement stays Postgres SQL
 _SESSION_WORDS = {"SET", "SHOW", "RESET", "BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT",
                   "SAVEPOINT", "RELEASE", "DISCARD", "DEALLOCATE", "EXPLAIN"}
 
@@ -191,7 +193,7 @@ def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
     if not values:
         return sql
     try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
+        tree = sqlglot.parse_one(sql, read=BIND_DIALECT)
     except (ParseError, TokenError) as exc:
         raise SyntaxProblem(f"the statement does not parse: {first_line(exc)}") from None
 
@@ -202,7 +204,7 @@ def bind(sql: str, values: Sequence[str | None], oids: Sequence[int]) -> str:
         bound = bind_tree(tree, len(values), literal_for, all_used=False)
     except params.BadParameter as exc:
         raise exc if isinstance(exc, BadParameter) else BadParameter(str(exc)) from None
-    return bound.sql(dialect=DIALECT)
+    return bound.sql(dialect=BIND_DIALECT)
 
 
 def literal(value: str | None, oid: int, index: int) -> exp.Expression:
@@ -240,6 +242,25 @@ def decode_binary(data: bytes, oid: int, index: int) -> str:
             return "t" if data != b"\0" else "f"
         if oid in _TEXT_TYPES:
             return data.decode("utf-8")
-    except (struct.error, UnicodeDecodeError):
+        if oid in _TEMPORAL:
+            return _temporal(data, oid)
+    except (struct.error, UnicodeDecodeError, OverflowError, ValueError):
         raise BadParameter(f"parameter ${index}: malformed binary value for type OID {oid}.") from None
     raise BadParameter(f"parameter ${index}: binary format for type OID {oid} is not supported; send it as text.")
+
+
+_TEMPORAL = {m.DATE, m.TIMESTAMP, m.TIMESTAMPTZ, m.TIME}
+_EPOCH = datetime.datetime(2000, 1, 1)
+
+
+def _temporal(data: bytes, oid: int) -> str:
+    """A binary date (days since 2000-01-01), timestamp (microseconds since then) or time
+    (microseconds since midnight) as ISO text; a timestamptz in UTC."""
+    if oid == m.DATE:
+        (days,) = struct.unpack("!i", data)
+        return (_EPOCH.date() + datetime.timedelta(days=days)).isoformat()
+    (micros,) = struct.unpack("!q", data)
+    if oid == m.TIME:
+        return (datetime.datetime.min + datetime.timedelta(microseconds=micros)).time().isoformat()
+    stamp = _EPOCH + datetime.timedelta(microseconds=micros)
+    return stamp.isoformat(sep=" ") + ("+00:00" if oid == m.TIMESTAMPTZ else "")
