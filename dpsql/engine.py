@@ -55,6 +55,13 @@ warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", cat
                         module=r"dpsql\.engine")
 
 
+_ARROW_BATCH: int | None
+try:  # DuckDB 2.0's batch size for Arrow results (see _arrow)
+    from duckdb._seam import DEFAULT_BATCH_SIZE as _ARROW_BATCH
+except ImportError:  # pragma: no cover - another DuckDB: the DB-API path
+    _ARROW_BATCH = None
+
+
 class Prepared(str):
     """The SQL text of a bounded query that :meth:`DuckDBEngine.run` keeps as a prepared
     statement: a run binds only its salts. A plain ``str`` to any other reader."""
@@ -237,10 +244,8 @@ class DuckDBEngine:
             if isinstance(query, Prepared) and all(_literal_parameter(v) for v in (params or {}).values()):
                 statement = self._statement(sql, params or {})
             if statement is not None:
-                result = self._con.execute(statement)
-            else:
-                result = self._con.execute(sql, dict(params) if params else None)
-            return result.to_arrow_table()
+                return _arrow(self._con, statement, None)
+            return _arrow(self._con, sql, dict(params) if params else None)
 
     def _statement(self, sql: str, params: Mapping[str, object]) -> str | None:
         """``EXECUTE`` of the prepared statement for ``sql``, ``params`` written in; ``None``
@@ -293,6 +298,18 @@ class DuckDBEngine:
     def close(self) -> None:
         if self._owned:
             self._con.close()
+
+
+def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None) -> pa.Table:
+    """Run one statement straight to an Arrow table: DuckDB 2.0's own terminal for Arrow
+    (``_submit``, what its relations' ``to_arrow_table`` runs on), where a DB-API result's
+    ``to_arrow_table`` runs a second statement over the rows (0.25 ms of a 2.1 ms small
+    query's CPU). Without that private method (another DuckDB), the DB-API path."""
+    submit = getattr(con, "_submit", None)
+    if submit is not None and _ARROW_BATCH is not None:
+        table: pa.Table = submit(sql, params, "arrow", _ARROW_BATCH).arrow_table()
+        return table
+    return con.execute(sql, params).to_arrow_table()
 
 
 def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:

@@ -67,3 +67,25 @@ def test_threads_follow_the_coarse_table_size(tmp_path: Path) -> None:
     assert set(off[0].split(",")) == set(engine_module.SMALL_TABLE_OPTIMIZERS_OFF) and off[1] == ""
     small.close()
     large.close()
+
+
+TYPED = ("SELECT x, g, CAST(x AS HUGEINT) * 3 AS h, DATE '2020-01-01' + CAST(x AS INTEGER) AS d, "
+         "CASE WHEN x % 2 = 0 THEN NULL ELSE CAST(x AS VARCHAR) END AS s, x / 3 AS f, [x, g] AS l, x > $k AS b "
+         'FROM "dpsql_data"."main"."t" ORDER BY x')
+
+
+def test_the_arrow_terminal_gives_what_the_db_api_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = DuckDBEngine(_database(tmp_path / "d.duckdb", 50))
+    assert engine_module._ARROW_BATCH is not None and hasattr(engine._con, "_submit")  # DuckDB 2.0's terminal is used
+    fast = [engine.run(Prepared(TYPED), {"k": 20}) for _ in range(2)]  # direct, then prepared
+    monkeypatch.setattr(engine_module, "_ARROW_BATCH", None)
+    plain = engine.run(TYPED, {"k": 20})
+    for table in fast:
+        assert table.schema == plain.schema and table.equals(plain)
+    assert plain.num_rows == 50 and plain.column("s").null_count == 25
+    with pytest.raises(duckdb.Error):
+        engine.run("SELECT * FROM no_such_table")
+    monkeypatch.setattr(engine_module, "_ARROW_BATCH", 2048)
+    with pytest.raises(duckdb.Error):
+        engine.run("SELECT * FROM no_such_table")
+    engine.close()
