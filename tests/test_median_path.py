@@ -4,6 +4,7 @@ statistic reads, and every group it answers."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 
 import duckdb
@@ -16,7 +17,9 @@ from dpsql import rewrite
 from dpsql.policy import parse_policy
 from dpsql.release.udf import evaluate_blocks
 from dpsql.release.udf.block_quantile import BlockQuantile
-from dpsql.release.values import grouped_values, key_tuples
+from dpsql.release.aggregates import complete_groups
+from dpsql.release.grouping import group_index
+from dpsql.release.values import key_tuples, values_of_groups
 from dpsql.rewrite import value_query
 
 POLICY = """
@@ -102,24 +105,12 @@ def _same(t: tuple[object, ...]) -> tuple[object, ...]:
     return tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in t)
 
 
-def _plain_grouping(keys: list[list[object]], wanted: list[tuple[object, ...]]) -> dict[tuple[object, ...], list[int]]:
-    """Each wanted group's row numbers, by Python equality (NaN equal to NaN)."""
-    first: dict[tuple[object, ...], tuple[object, ...]] = {}
-    for g in wanted:
-        first.setdefault(_same(g), g)
-    out: dict[tuple[object, ...], list[int]] = {}
-    for i, key in enumerate(zip(*keys)):
-        if _same(key) in first:
-            out.setdefault(first[_same(key)], []).append(i)
-    return out
-
-
 @pytest.mark.parametrize("kind", ["string", "integer", "float", "date", "timestamp", "two keys", "three keys"])
-def test_grouped_values_of_wanted_groups_against_python(kind: str) -> None:
+def test_values_of_groups_against_python(kind: str) -> None:
     """release_values' grouping (Arrow index_in, a radix sort) against plain Python: each
-    wanted group's rows in row order, NULL a key value like any other, -0.0 the group of
-    0.0, NaN one value; rows of other key values dropped, wanted groups without rows absent."""
-    rng = np.random.default_rng(hash(kind) % 2**32)
+    group's rows in row order, NULL a key value like any other, -0.0 the group of 0.0, NaN
+    one value; rows of other key values dropped, a group without rows empty."""
+    rng = np.random.default_rng(sum(map(ord, kind)))
     n = 4000
 
     def column(pick: str) -> list[object]:
@@ -134,22 +125,52 @@ def test_grouped_values_of_wanted_groups_against_python(kind: str) -> None:
         return [datetime.datetime(2021, 5, 1, 12) + datetime.timedelta(microseconds=int(x)) for x in rng.integers(0, 6, n)]
 
     picks = {"two keys": ["string", "float"], "three keys": ["integer", "string", "date"]}.get(kind, [kind])
-    keys = [column(p) for p in picks]
     names = [f"k{i}" for i in range(len(picks))]
     v, ids = rng.normal(size=n), rng.integers(0, 2**64, n, dtype=np.uint64)
-    table = pa.table({**dict(zip(names, keys)), "__id": ids, "__v": v})
+    table = pa.table({**{name: column(p) for name, p in zip(names, picks)}, "__id": ids, "__v": v})
     table = pa.Table.from_batches(table.to_batches(max_chunksize=900))
-    present = key_tuples(table, names)
-    distinct = list(dict.fromkeys(present))
-    rng.shuffle(distinct)
-    wanted = distinct[: len(distinct) * 2 // 3] + [tuple(f"absent{i}" if p == "string" else None for i, p in enumerate(picks))]
-    wanted = [w for w in wanted if len(w) == len(names)]
-    got = grouped_values(table, names, wanted)
-    want = _plain_grouping([[*zip(*present)][i] for i in range(len(names))], wanted)
-    assert set(map(_same, got)) == set(map(_same, want)) and 0 < len(want) < len(distinct)
-    got = {_same(key): rows for key, rows in got.items()}
-    for key, rows in want.items():
-        assert got[_same(key)][0].tolist() == v[rows].tolist() and got[_same(key)][1].tolist() == ids[rows].tolist()
+    present = [_same(t) for t in key_tuples(table, names)]
+    first = list({key: i for i, key in reversed(list(enumerate(present)))}.values())
+    rng.shuffle(first)
+    chosen = first[: len(first) * 2 // 3]
+    groups = table.select(names).take(chosen)  # the answer's groups, as the engine typed them
+    nowhere = {"string": "absent", "integer": 7, "float": 99.0, "date": datetime.date(1999, 1, 1),
+               "timestamp": datetime.datetime(1999, 1, 1)}
+    absent = pa.table({name: pa.array([nowhere[p]], table.schema.field(name).type) for name, p in zip(names, picks)})
+    groups = pa.concat_tables([groups, absent])  # a group with no rows
+    got = values_of_groups(table, names, groups)
+    assert len(got) == groups.num_rows
+    for g, (values, ids_) in zip(key_tuples(groups, names), got):
+        rows = [i for i, key in enumerate(present) if key == _same(g)]
+        assert values.tolist() == v[rows].tolist() and ids_.tolist() == ids[rows].tolist()
+    assert sum(len(values) for values, _ in got) < n  # the other key values' rows were dropped
+
+
+def test_group_index_falls_back_to_python_equality() -> None:
+    """Types Arrow would compare otherwise (a string against a date, a bool against an
+    integer) are matched as Python compares their values; integer widths match by value."""
+    rows = pa.table({"k": pa.array([datetime.date(2020, 1, 2), None]), "b": [True, False], "i": pa.array([3, 4], pa.int32())})
+    groups = pa.table({"k": ["2020-01-02", None], "b": pa.array([1, 0]), "i": pa.array([4, 3], pa.uint64())})
+    assert group_index(rows, groups, ["k"]).tolist() == [-1, 1]
+    assert group_index(rows, groups, ["b"]).tolist() == [0, 1]  # True == 1
+    assert group_index(rows, groups, ["i"]).tolist() == [1, 0]
+    big = pa.table({"i": pa.array([2**64 - 1, 3], pa.uint64())})
+    assert group_index(rows, big, ["i"]).tolist() == [1, -1]
+
+
+def test_complete_groups_is_the_product_of_the_public_values_in_order(conn) -> None:
+    """The listed groups in itertools.product order, with exact zeros for those the bounded
+    query did not return, matched by Python equality (the former dictionary's rule)."""
+    sql = "SELECT g, upper(g) AS G, COUNT(*) FROM t GROUP BY g, upper(g)"
+    plan = conn.plan(sql, epsilon=1.0)
+    names = [k.name for k in plan.group_keys]
+    (m,) = plan.measurements
+    exact = pa.table({names[0]: ["b", "a", "z"], names[1]: ["B", "A", "A"], m.name: pa.array([5, 7, 9], pa.int64())})
+    got = complete_groups(plan, exact)
+    grid = list(itertools.product(*(k.public_values for k in plan.group_keys)))
+    found = {("b", "B"): 5, ("a", "A"): 7}
+    assert list(zip(*(got[n].to_pylist() for n in names))) == grid
+    assert got[m.name].to_pylist() == [found.get(key, 0) for key in grid]
 
 
 def test_more_than_65536_blocks() -> None:

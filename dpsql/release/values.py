@@ -17,11 +17,11 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dpsql.errors import InternalError
 from dpsql.noise import RandomSource, laplace_noise
 from dpsql.plan import UDFSpec, ValueRelease
+from dpsql.release.grouping import group_index, key_tuples
 from dpsql.release.udf.block_quantile import BlockQuantile
 from dpsql.release.udf import (
     UDF,
@@ -38,37 +38,22 @@ from dpsql.release.udf import (
     smooth_udf,
 )
 
-__all__ = ["grouped_values", "key_tuples", "release_values"]
-
-
-def key_tuples(table: pa.Table, keys: Sequence[str]) -> list[tuple[object, ...]]:
-    """The key columns' values as tuples, to match groups by. Dates and timestamps are read
-    as their integer encodings: a key beyond Python's datetime range (a timestamp in year
-    294,000, from the extreme values a column's type allows) must not make a charged query
-    fail."""
-    columns = []
-    for k in keys:
-        column = table[k]
-        if pa.types.is_temporal(column.type):
-            column = column.cast(pa.int64() if not pa.types.is_date32(column.type) else pa.int32())
-        columns.append(column.to_pylist())
-    return list(zip(*columns))
+__all__ = ["grouped_values", "key_tuples", "release_values", "values_of_groups"]
 
 
 def release_values(
     release: ValueRelease,
     rows: pa.Table,
     keys: Sequence[str],
-    groups: Sequence[tuple[object, ...]],
+    groups: pa.Table,
     source: RandomSource | None = None,
     udfs: Mapping[str, UDF] | None = None,
 ) -> list[UDFRelease]:
-    """One release per group of ``groups`` (key tuples, in output order); a registered
-    function's code is looked up by name in ``udfs`` (the plan holds only its spec)."""
+    """One release per row of ``groups`` (the answer's key columns, in output order; with no
+    keys, one group); a registered function's code is looked up by name in ``udfs`` (the
+    plan holds only its spec)."""
     udf = _registered(release, udfs or {})
-    by_group = grouped_values(rows, keys, groups)
-    empty = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.uint64))
-    return [_release_group(release, udf, *by_group.get(tuple(g), empty), source) for g in groups]
+    return [_release_group(release, udf, values, ids, source) for values, ids in values_of_groups(rows, keys, groups)]
 
 
 def _registered(release: ValueRelease, udfs: Mapping[str, UDF]) -> UDF | None:
@@ -82,91 +67,30 @@ def _registered(release: ValueRelease, udfs: Mapping[str, UDF]) -> UDF | None:
     return udf
 
 
-def grouped_values(rows: pa.Table, keys: Sequence[str],
-                   groups: Sequence[tuple[object, ...]] | None = None) -> dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]]:
-    """Per key tuple, the group's ``__v`` (float64) and ``__id`` (uint64), in row order: of
-    ``groups`` (key tuples as :func:`key_tuples` gives them) when given, else of every key
-    tuple in ``rows``. Rows of other key tuples are dropped."""
-    if not rows.num_rows:
-        return {}
+def values_of_groups(rows: pa.Table, keys: Sequence[str], groups: pa.Table) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per row of ``groups``, its rows' ``__v`` (float64) and ``__id`` (uint64), in row
+    order (with no keys, one group of every row). Rows of other key values are dropped."""
     values, ids = _numpy(rows["__v"], np.float64), _numpy(rows["__id"], np.uint64)
     if not keys:
-        return {(): (values, ids)} if groups is None or () in groups else {}
-    if groups is None:
-        groups = key_tuples(rows.group_by(list(keys)).aggregate([]), keys)
-    wanted = list({tuple(map(_same, g)): tuple(g) for g in reversed(groups)}.values())[::-1]  # first of equal
-    of_row = _group_of_rows(rows, keys, wanted)
+        return [(values, ids)]
+    count = groups.num_rows
+    of_row = group_index(rows, groups, keys)
     # each group's rows, in row order: one stable sort of the rows by group (a radix sort
     # for up to 2**16 groups), then slices (per-group sorts of row numbers took 3x as long)
     kept = np.flatnonzero(of_row >= 0)
-    code = of_row[kept].astype(np.uint16 if len(wanted) <= 1 << 16 else np.int64)
+    code = of_row[kept].astype(np.uint16 if count <= 1 << 16 else np.int64)
     order = kept[np.argsort(code, kind="stable")]
-    ends = np.cumsum(np.bincount(code, minlength=len(wanted)))
+    ends = np.cumsum(np.bincount(code, minlength=count)).tolist()
     values, ids = values[order], ids[order]
-    return {key: (values[end - n:end], ids[end - n:end])
-            for key, end, n in zip(wanted, ends.tolist(), np.diff(ends, prepend=0).tolist()) if n}
+    return [(values[start:end], ids[start:end]) for start, end in zip([0, *ends], ends)]
 
 
-def _group_of_rows(rows: pa.Table, keys: Sequence[str], groups: list[tuple[object, ...]]) -> np.ndarray:
-    """Each row's index in ``groups`` (distinct key tuples, NaN equal to NaN), -1 for a key
-    tuple not there.
-
-    Key by key, Arrow's ``index_in`` finds each row's value among the groups' values of
-    that key (NULL matching NULL); with several keys, a row's code so far is combined with
-    the next key's and made dense again among the groups' codes, so codes stay below
-    ``len(groups) ** 2``."""
-    n = len(groups)
-    if not n:
-        return np.full(rows.num_rows, -1, dtype=np.int64)
-    row_code = np.zeros(rows.num_rows, dtype=np.int64)
-    group_code = np.zeros(n, dtype=np.int64)
-    valid = np.ones(rows.num_rows, dtype=bool)
-    for i, k in enumerate(keys):
-        column = _comparable(rows[k])
-        at_value: dict[object, int] = {}  # the groups' distinct values of this key, numbered
-        values: list[object] = []
-        of_group = np.empty(n, dtype=np.int64)
-        for j, g in enumerate(groups):
-            of_group[j] = at_value.setdefault(_same(g[i]), len(values))
-            if of_group[j] == len(values):
-                values.append(g[i])
-        value_set = _comparable(pa.array(values, type=column.type))
-        found = pc.index_in(column, value_set=value_set, skip_nulls=False).fill_null(-1)
-        position = np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.int64)
-        if len(keys) == 1:  # the groups are distinct: so are their values, in the same order
-            return position
-        valid &= position >= 0
-        group_code = group_code * len(values) + of_group
-        row_code = row_code * len(values) + position
-        distinct = np.unique(group_code)
-        group_code = np.searchsorted(distinct, group_code)
-        at = np.minimum(np.searchsorted(distinct, row_code), len(distinct) - 1)
-        valid &= distinct[at] == row_code
-        row_code = at
-    # group codes are distinct (so are the groups): the row's group is the one of its code
-    out = np.full(rows.num_rows, -1, dtype=np.int64)
-    by_code = np.empty(n, dtype=np.int64)
-    by_code[group_code] = np.arange(n)
-    out[valid] = by_code[row_code[valid]]
-    return out
-
-
-def _same(value: object) -> object:
-    """A dictionary key equal for equal key values (every NaN one key, as Arrow matches them)."""
-    return _NAN if isinstance(value, float) and value != value else value
-
-
-_NAN = object()
-
-
-def _comparable(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """``column`` as :func:`key_tuples` compares it: dates and timestamps as their integer
-    encodings, -0.0 as 0.0 (Python's ``-0.0 == 0.0``; Arrow's hash tells them apart)."""
-    if pa.types.is_temporal(column.type):
-        return column.cast(pa.int64() if not pa.types.is_date32(column.type) else pa.int32())
-    if pa.types.is_floating(column.type):
-        return pc.add(column, pa.scalar(0.0, column.type))
-    return column
+def grouped_values(rows: pa.Table, keys: Sequence[str]) -> dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]]:
+    """Per key tuple of ``rows`` (as :func:`key_tuples` gives them), its ``__v`` and ``__id``."""
+    if not rows.num_rows:
+        return {}
+    groups = rows.group_by(list(keys)).aggregate([]) if keys else pa.table({})
+    return dict(zip(key_tuples(groups, keys) if keys else [()], values_of_groups(rows, keys, groups)))
 
 
 def _distinct(ids: np.ndarray) -> int:
