@@ -53,10 +53,14 @@ def group_index(rows: pa.Table, groups: pa.Table, keys: Sequence[str]) -> np.nda
     >>> groups = pa.table({"k": ["a", "b", None, "b"], "n": [1, 1, 2, 1]})
     >>> group_index(rows, groups, ["k", "n"]).tolist()
     [1, 2, -1, 0]
+    >>> group_index(rows, groups, ["k"]).tolist()
+    [1, 2, -1, 0]
     """
     pairs = [_comparable(rows[k], groups[k]) for k in keys]
     if any(p is None for p in pairs):
         return _by_python(rows, groups, keys)
+    if len(pairs) == 1 and pairs[0] is not None:  # Arrow gives the first of equal values' index
+        return _positions(*pairs[0])
     valid = np.ones(rows.num_rows, dtype=bool)
     row_code = np.zeros(rows.num_rows, dtype=np.int64)
     group_code = np.zeros(groups.num_rows, dtype=np.int64)
@@ -68,8 +72,6 @@ def group_index(rows: pa.Table, groups: pa.Table, keys: Sequence[str]) -> np.nda
         valid &= position >= 0
         row_code = row_code * len(values) + position
         group_code = group_code * len(values) + _positions(of_groups, values)
-        if len(pairs) == 1:  # already dense: the positions among the distinct values
-            break
         distinct = np.unique(group_code)
         group_code = np.searchsorted(distinct, group_code)
         if len(distinct):
