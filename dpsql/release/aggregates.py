@@ -32,10 +32,8 @@ fell to 92.8% (Gaussian, ``N = 2 sd_N``, mean on a bound); with 1.96 sd for Lapl
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +44,8 @@ from dpsql.noise import RandomSource, half_width, noise_std, sample, scale
 from dpsql.plan import Aggregate, GroupKey, LaplaceParams, Measurement, QueryPlan, ValueRelease
 from dpsql.release.spread import spread_half_widths, stddev_half_width
 from dpsql.release.udf import UDF, UDFRelease
-from dpsql.release.values import key_tuples, release_values
+from dpsql.release.grouping import group_index
+from dpsql.release.values import release_values
 
 __all__ = ["complete_groups", "count_half_width", "half_width", "noisy_schema", "noisy_table", "select_partitions"]
 
@@ -59,17 +58,15 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     if not plan.group_keys or plan.selection is not None:
         return exact
     names = [k.name for k in plan.group_keys]
-    domains = cast("list[tuple[object, ...]]", [k.public_values for k in plan.group_keys])  # no selection: all public
-    grid = list(itertools.product(*domains))
-    found = zip(*(exact[n].to_pylist() for n in names))
-    position = {key: i for i, key in enumerate(found)}
-    rows = np.array([position.get(key, -1) for key in grid], dtype=np.int64)
-    columns: dict[str, pa.Array] = {
-        n: pa.array([key[i] for key in grid]) for i, n in enumerate(names)
-    }
+    domains = [pa.array(k.public_values) for k in plan.group_keys]  # no selection: all public
+    # the grid's rows in itertools.product's order: the last key's values vary fastest
+    picks = np.indices([len(d) for d in domains]).reshape(len(domains), -1)
+    grid = pa.table({n: d.take(pick) for n, d, pick in zip(names, domains, picks)})
+    rows = group_index(grid, exact, names)
+    columns: dict[str, pa.Array] = {n: grid[n].combine_chunks() for n in names}
     for m in plan.measurements:
         values = exact[m.name].to_numpy().astype(np.int64, copy=False)
-        columns[m.name] = pa.array(np.where(rows >= 0, values[rows], 0) if len(values) else np.zeros(len(grid), np.int64))
+        columns[m.name] = pa.array(np.where(rows >= 0, values[rows], 0) if len(values) else np.zeros(grid.num_rows, np.int64))
     return pa.table(columns)
 
 
@@ -159,7 +156,7 @@ def _value_release(
     udfs: Mapping[str, UDF] | None,
 ) -> list[UDFRelease]:
     keys = [k.name for k in plan.group_keys]
-    groups = key_tuples(exact, keys) if keys else [()]
+    groups = exact.select(keys)
     if rows is None:
         rows = pa.table({**{k: pa.array([], exact.schema.field(k).type) for k in keys},
                          "__id": pa.array([], pa.uint64()), "__v": pa.array([], pa.float64())})

@@ -21,6 +21,7 @@ import pyarrow as pa
 from dpsql.errors import InternalError
 from dpsql.noise import RandomSource, laplace_noise
 from dpsql.plan import UDFSpec, ValueRelease
+from dpsql.release.grouping import group_index, key_tuples
 from dpsql.release.udf.block_quantile import BlockQuantile
 from dpsql.release.udf import (
     UDF,
@@ -37,37 +38,22 @@ from dpsql.release.udf import (
     smooth_udf,
 )
 
-__all__ = ["grouped_values", "key_tuples", "release_values"]
-
-
-def key_tuples(table: pa.Table, keys: Sequence[str]) -> list[tuple[object, ...]]:
-    """The key columns' values as tuples, to match groups by. Dates and timestamps are read
-    as their integer encodings: a key beyond Python's datetime range (a timestamp in year
-    294,000, from the extreme values a column's type allows) must not make a charged query
-    fail."""
-    columns = []
-    for k in keys:
-        column = table[k]
-        if pa.types.is_temporal(column.type):
-            column = column.cast(pa.int64() if not pa.types.is_date32(column.type) else pa.int32())
-        columns.append(column.to_pylist())
-    return list(zip(*columns))
+__all__ = ["grouped_values", "key_tuples", "release_values", "values_of_groups"]
 
 
 def release_values(
     release: ValueRelease,
     rows: pa.Table,
     keys: Sequence[str],
-    groups: Sequence[tuple[object, ...]],
+    groups: pa.Table,
     source: RandomSource | None = None,
     udfs: Mapping[str, UDF] | None = None,
 ) -> list[UDFRelease]:
-    """One release per group of ``groups`` (key tuples, in output order); a registered
-    function's code is looked up by name in ``udfs`` (the plan holds only its spec)."""
+    """One release per row of ``groups`` (the answer's key columns, in output order; with no
+    keys, one group); a registered function's code is looked up by name in ``udfs`` (the
+    plan holds only its spec)."""
     udf = _registered(release, udfs or {})
-    by_group = grouped_values(rows, keys)
-    empty = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.uint64))
-    return [_release_group(release, udf, *by_group.get(tuple(g), empty), source) for g in groups]
+    return [_release_group(release, udf, values, ids, source) for values, ids in values_of_groups(rows, keys, groups)]
 
 
 def _registered(release: ValueRelease, udfs: Mapping[str, UDF]) -> UDF | None:
@@ -81,22 +67,30 @@ def _registered(release: ValueRelease, udfs: Mapping[str, UDF]) -> UDF | None:
     return udf
 
 
-def grouped_values(rows: pa.Table, keys: Sequence[str]) -> dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]]:
-    """Per key tuple, the group's ``__v`` (float64) and ``__id`` (uint64), in row order."""
-    by_group: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
-    if not rows.num_rows:
-        return by_group
+def values_of_groups(rows: pa.Table, keys: Sequence[str], groups: pa.Table) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per row of ``groups``, its rows' ``__v`` (float64) and ``__id`` (uint64), in row
+    order (with no keys, one group of every row). Rows of other key values are dropped."""
     values, ids = _numpy(rows["__v"], np.float64), _numpy(rows["__id"], np.uint64)
     if not keys:
-        return {(): (values, ids)}
-    # each group's row numbers, then numpy slices (Arrow lists of the values took 16x as long)
-    numbered = rows.select(list(keys)).append_column("__i", pa.array(np.arange(rows.num_rows)))
-    grouped = numbered.group_by(list(keys)).aggregate([("__i", "list")])
-    rows_of = grouped["__i_list"].combine_chunks()
-    for i, key in enumerate(key_tuples(grouped, keys)):
-        mine = np.sort(_numpy(rows_of[i].values, np.int64))  # row order, whatever the threads did
-        by_group[key] = (values[mine], ids[mine])
-    return by_group
+        return [(values, ids)]
+    count = groups.num_rows
+    of_row = group_index(rows, groups, keys)
+    # each group's rows, in row order: one stable sort of the rows by group (a radix sort
+    # for up to 2**16 groups), then slices (per-group sorts of row numbers took 3x as long)
+    kept = np.flatnonzero(of_row >= 0)
+    code = of_row[kept].astype(np.uint16 if count <= 1 << 16 else np.int64)
+    order = kept[np.argsort(code, kind="stable")]
+    ends = np.cumsum(np.bincount(code, minlength=count)).tolist()
+    values, ids = values[order], ids[order]
+    return [(values[start:end], ids[start:end]) for start, end in zip([0, *ends], ends)]
+
+
+def grouped_values(rows: pa.Table, keys: Sequence[str]) -> dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]]:
+    """Per key tuple of ``rows`` (as :func:`key_tuples` gives them), its ``__v`` and ``__id``."""
+    if not rows.num_rows:
+        return {}
+    groups = rows.group_by(list(keys)).aggregate([]) if keys else pa.table({})
+    return dict(zip(key_tuples(groups, keys) if keys else [()], values_of_groups(rows, keys, groups)))
 
 
 def _distinct(ids: np.ndarray) -> int:
@@ -112,7 +106,8 @@ def _numpy(column: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> np.nd
 def _release_group(release: ValueRelease, udf: UDF | None, values: np.ndarray, ids: np.ndarray,
                    source: RandomSource | None) -> UDFRelease:
     count_eps, eps = release.count_epsilon, release.answer_epsilon  # the split is the plan's
-    units = _distinct(ids)
+    # the value query keeps at most rows_per_unit rows per unit and group: with 1, a row is a unit
+    units = len(ids) if release.rows_per_unit == 1 else _distinct(ids)
     noisy_units = max(1.0, float(units + laplace_noise(1, count_eps).sample(1, source)[0]))
     target = release.target
     r = release.rows_per_unit

@@ -235,14 +235,16 @@ def evaluate_blocks(fn: BlockFunction, values: npt.ArrayLike, block_ids: npt.Arr
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise InternalError(f"time_limit must be a finite number of seconds > 0, got "
                             f"{time_limit!r}.")
-    data, offsets = _blocks(values, block_ids, k)
+    array, ids = _checked(values, block_ids, k)
+    quantile = isinstance(fn, BlockQuantile)
+    data, offsets = (array, np.zeros(0, dtype=np.int64)) if quantile else _blocks(array, ids, k)
     started = time.monotonic()
     out = np.full(k, math.nan)
     status = np.zeros(k, dtype=np.int8)
     used: Isolation = isolation if isolation == "inline" or hasattr(os, "fork") else "inline"
     if isinstance(fn, BlockQuantile):  # dpsql's own quantile: every block at once, inline
         used = "inline"
-        out = fn.all_blocks(data, offsets)
+        out = fn.by_block(array, ids, k)
         status[~np.isfinite(out)] = NON_FINITE
     elif used == "process":
         _run_forked(fn, data, offsets, time_limit, out, status)
@@ -255,8 +257,8 @@ def evaluate_blocks(fn: BlockFunction, values: npt.ArrayLike, block_ids: npt.Arr
     return BlockOutcome(out, status, time.monotonic() - started, used)
 
 
-def _blocks(values: npt.ArrayLike, block_ids: npt.ArrayLike, k: int) -> tuple[FloatArray, npt.NDArray[np.int64]]:
-    """Values sorted by block (read-only) and the offsets of each block."""
+def _checked(values: npt.ArrayLike, block_ids: npt.ArrayLike, k: int) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """``values`` as float64 and ``block_ids`` as int64, checked."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_BLOCKS:
         raise InternalError(f"k must be an integer in [1, {MAX_BLOCKS}], got {k!r}.")
     array = np.asarray(values, dtype=np.float64)
@@ -267,6 +269,11 @@ def _blocks(values: npt.ArrayLike, block_ids: npt.ArrayLike, k: int) -> tuple[Fl
     ids = ids.astype(np.int64, copy=False)
     if ids.size and (ids.min() < 0 or ids.max() >= k):
         raise InternalError(f"block ids must be in [0, {k}).")
+    return array, ids
+
+
+def _blocks(array: FloatArray, ids: npt.NDArray[np.int64], k: int) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """Values sorted by block (read-only) and the offsets of each block."""
     order = np.argsort(ids, kind="stable")
     data = array[order]
     data.flags.writeable = False
