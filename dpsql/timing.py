@@ -380,7 +380,7 @@ class ReleaseTiming(Timing):
 
     def hold(self, work: Callable[[threading.Event], _T], seconds: float) -> _T:
         start = self.start(seconds)
-        late = Deadline(start + seconds)
+        late = Deadline(start + seconds, need=self.model.run_time(seconds))
         try:
             value = work(late)
         except QueryFailed as exc:  # an overrun, a dead worker, a failed run: one fixed outcome
@@ -462,9 +462,10 @@ def _quantiles(values: list[float]) -> str:
 class Deadline(threading.Event):
     """Set once a query's deadline has passed; ``at`` is that deadline on ``time.monotonic()``."""
 
-    def __init__(self, at: float) -> None:
+    def __init__(self, at: float, need: float = 0.0) -> None:
         super().__init__()
         self.at = at
+        self.need = need  # the modelled run time: a worker does not start it with less time left
         self.ran: float | None = None  # the worker's run time, when a worker says (ReleaseTiming)
 
 

@@ -148,6 +148,32 @@ def test_a_worker_finding_its_deadline_passed_charges_and_releases_nothing(servi
 
 
 @pytest.mark.multiprocess
+def test_a_query_with_less_time_left_than_its_modelled_run_is_not_started(service: Service) -> None:
+    # Under overload a worker's time goes to queries that can still make their deadlines:
+    # one that cannot start by (deadline - modelled run) is an overrun at once, charged by
+    # the front, and no worker runs it.
+    from dpsql.timing import Deadline, Overrun
+
+    pool = service.pool
+    assert pool is not None
+    conn = service.connection("w9")
+    sql = "SELECT COUNT(*) AS hopeless FROM visits"
+    plan = conn.plan(sql, epsilon=0.01)
+    charged = threading.Event()
+    free = pool._idle.qsize()
+    started = time.monotonic()
+    with pytest.raises(Overrun):
+        pool.run("w9", plan, sql, Deadline(time.monotonic() + 5.0, need=10.0), charge=charged.set)
+    assert time.monotonic() - started < 1.0  # at once: no wait for a worker, no run
+    assert charged.wait(5)
+    assert service.budget("w9").queries == 0  # the test's charge stood in for the front's ledger
+    assert free > 0 and pool._idle.qsize() == free  # the free workers are still free: none was given it
+    late = Deadline(time.monotonic() + 5.0, need=0.001)  # room for its run: a worker answers it
+    assert pool.run("w9", plan, sql, late, charge=charged.set).arrow().num_rows == 1
+    assert late.ran is not None and 0 < late.ran < 5.0
+
+
+@pytest.mark.multiprocess
 def test_refusals_come_back_as_they_are_and_at_once(service: Service) -> None:
     took, err = _timed(service, "w2", "SELECT ssn FROM visits")
     assert isinstance(err, dpsql.PolicyViolation) and "ssn" in str(err)
