@@ -126,7 +126,7 @@ def serve(
         log.warning("serving on %s without TLS: tokens and answers cross the network in clear text; "
                     "pass --tls-cert and --tls-key", options.host)
     service = Service.open(options.database, options.policy, options.ledger, reports=options.reports,
-                           workers=options.workers)
+                           workers=options.workers, analysts=tuple(verifier.analysts))
     collector = _collector(options, service) if reporters is not None else None
     try:
         location = (flight.Location.for_grpc_tls if tls else flight.Location.for_grpc_tcp)(options.host, options.port)

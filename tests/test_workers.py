@@ -236,3 +236,30 @@ def test_workers_above_one_need_an_engine_each_can_open(tmp_path: Path) -> None:
 
     with pytest.raises(dpsql.Error, match="--workers"):
         Service.open(duckdb.connect(), _policy(tmp_path / "p.toml", 100), tmp_path / "l.sqlite", workers=2)
+
+
+def test_a_worker_makes_the_analysts_connections_before_it_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Made at an analyst's first query, a Connection would be made inside its deadline.
+    import multiprocessing
+    import signal as signals
+
+    from dpsql import workers
+
+    monkeypatch.setattr(signals, "signal", lambda *args: None)  # _serve ignores SIGINT/SIGTERM: not in pytest
+    monkeypatch.setattr(workers, "_configure_logging", lambda level: None)
+    made: list[str] = []
+
+    class FakeService:
+        def connection(self, analyst: str) -> None:
+            made.append(analyst)
+
+        def close(self) -> None:
+            made.append("closed")
+
+    spec = workers.WorkerSpec(lambda *args, **kwargs: FakeService(), None, "p", "l", None,
+                              TimingModel(0.01, 1e-8), analysts=("ann", "bob"))
+    ours, theirs = multiprocessing.Pipe()
+    ours.send(None)  # stop as soon as it is ready
+    workers._serve(spec, theirs)
+    assert ours.recv()[0] == "ready"
+    assert made == ["ann", "bob", "closed"]
