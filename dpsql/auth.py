@@ -283,16 +283,19 @@ def _in_this_thread(check: Callable[[], bool]) -> bool:
 
 
 class BackgroundHasher:
-    """Runs scrypt checks one at a time in one thread at the lowest CPU priority (nice 19).
+    """Runs scrypt checks one at a time in one thread, 10 nice levels below the server.
 
     A token's first check costs one scrypt (tens of milliseconds of a core). Eight analysts
-    connecting at once would take both cores of a small machine for a few hundred
-    milliseconds, beside the workers' runs, whose deadlines assume the cores are theirs
+    connecting at once took both cores of a small machine for a few hundred milliseconds,
+    beside the workers' runs, whose deadlines assume the cores are theirs
     (:mod:`dpsql.timing`, "CPU contention"): honest queries overran. Here the checks queue
-    for one thread that runs only when the cores have nothing else to do (the OS scheduler
-    gives nice 19 about 1.5% of a core against normal work). A check then waits for other
-    checks and for the queries' runs, never for data: every token costs one scrypt, known
-    or unknown id alike, so the refusal's timing still says nothing about which ids exist.
+    for one thread, which the OS scheduler gives about a tenth of a core against the
+    server's other work when the cores are busy (nice +10: weight 110 against 1024), all
+    of one when they are idle: at most one core, and a few percent of the workers' time.
+    Nice 19 would starve first checks for seconds on a saturated machine. A check then
+    waits for other checks and for the queries' runs, never for data: every token costs
+    one scrypt, known or unknown id alike, so a refusal's time still says nothing about
+    which ids exist.
 
     >>> hasher = BackgroundHasher()
     >>> hasher(lambda: True)
@@ -301,7 +304,8 @@ class BackgroundHasher:
     """
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-scrypt", initializer=_lowest_priority)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-scrypt", 
+                                         initializer=_lower_priority)
 
     def __call__(self, check: Callable[[], bool]) -> bool:
         return self._pool.submit(check).result()
@@ -310,10 +314,16 @@ class BackgroundHasher:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _lowest_priority() -> None:
-    """Nice 19 for the calling thread only (Linux: a thread is a task); elsewhere, as is."""
+#: How many nice levels below the server the scrypt thread runs.
+HASHING_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Nice +10 (at most 19) for the calling thread only (Linux: a thread is a task);
+    elsewhere, as is."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + HASHING_NICENESS))
     except (AttributeError, OSError):  # pragma: no cover - no per-thread priority here
         pass
 

@@ -8,7 +8,7 @@ queries, and the ledger's charge is one write transaction, so no number of concu
 requests (or other processes sharing the ledger file) can overspend.
 
 Who is asking. Every call carries ``authorization: Bearer <token>``; a middleware checks it
-with :class:`~dpsql.auth.TokenVerifier` (one scrypt per token, in one thread at the lowest
+with :class:`~dpsql.auth.TokenVerifier` (one scrypt per token, in one thread at a lower
 CPU priority, :class:`~dpsql.auth.BackgroundHasher`, so that token checks do not slow the
 queries' runs; then an in-memory keyed digest per request; re-read when the auth file
 changes, so a revoked token fails at its next request)
@@ -115,7 +115,7 @@ def serve(
     """
     if (options.tls_cert is None) != (options.tls_key is None):
         raise Error("pass both --tls-cert and --tls-key (PEM files), or neither.")
-    hasher = BackgroundHasher()  # token checks at the lowest CPU priority, one at a time
+    hasher = BackgroundHasher()  # token checks at a lower CPU priority, one at a time
     verifier = TokenVerifier(options.auth, hashing=hasher)
     if not verifier.analysts:
         log.warning("auth file %s holds no token: every query will be refused until one is created", options.auth)
@@ -126,7 +126,7 @@ def serve(
         log.warning("serving on %s without TLS: tokens and answers cross the network in clear text; "
                     "pass --tls-cert and --tls-key", options.host)
     service = Service.open(options.database, options.policy, options.ledger, reports=options.reports,
-                           workers=options.workers)
+                           workers=options.workers, analysts=tuple(verifier.analysts))
     collector = _collector(options, service) if reporters is not None else None
     try:
         location = (flight.Location.for_grpc_tls if tls else flight.Location.for_grpc_tcp)(options.host, options.port)

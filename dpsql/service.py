@@ -63,14 +63,16 @@ class Service:
     def open(cls, database: str | os.PathLike[str] | object | None, policy: str | os.PathLike[str],
              ledger: str | os.PathLike[str],
              *, reports: str | os.PathLike[str] | None = None, model: TimingModel | None = None,
-             workers: int = 1) -> Service:
+             workers: int = 1, analysts: tuple[str, ...] = ()) -> Service:
         """Open the database hardened and read-only (or the policy's sources, or a Spark
         session: :func:`dpsql.datasources.open_engine`), check it against the policy, open the
         ledger and, given ``reports``, the report store of the policy's local tables.
 
         ``model``: the speed model to use instead of the policy's or a measurement (a worker
         gets its server's). ``workers`` > 1: answer queries in that many worker processes
-        (:mod:`dpsql.workers`; ``database`` must then be a file path or ``None``)."""
+        (:mod:`dpsql.workers`; ``database`` must then be a file path or ``None``); each worker
+        makes the Connections of ``analysts`` (those with a token) before it is ready, so that
+        no analyst's first query pays for it inside its deadline."""
         loaded = load_policy(policy)
         if workers > 1 and not (database is None or isinstance(database, str | os.PathLike)):
             raise Error("--workers above 1 needs a DuckDB file (--db) or the policy's sources: each worker "
@@ -88,7 +90,7 @@ class Service:
                 path = os.fspath(database) if isinstance(database, str | os.PathLike) else None
                 spec = WorkerSpec(cls.open, path, os.fspath(policy), os.fspath(ledger),
                                   None if reports is None else os.fspath(reports), timing.model,
-                                  logging.getLogger("dpsql.server").getEffectiveLevel())
+                                  logging.getLogger("dpsql.server").getEffectiveLevel(), tuple(analysts))
                 pool = WorkerPool(spec, workers)
                 log.info("answering queries in %d worker processes (%d cores: contention %g)", workers,
                          available_cores(), timing.model.contention)

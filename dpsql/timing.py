@@ -64,6 +64,35 @@ hold the wait is public, so its overruns come only from the run itself; the pric
 throughput. Measured side by side (``benchmarks/RESULTS.md``, "Server: release-only
 hold"), the release-only hold is the server's design.
 
+Backlogs (release-only hold). A query that no worker could start by its deadline minus its
+modelled run time (:attr:`Deadline.need`) is not started: it is an overrun at once, charged
+by the server process, which reads nothing; the workers spend their time on queries that
+can still make their deadlines, and a backlog (the machine slower than modelled) drains
+instead of making every query behind it late.
+
+What the defence guarantees, and what one overrun tells. Guaranteed: every outcome of a
+query that reads private data (its answer, its error, its budget refusal from a worker) is
+released at ``start + deadline``, both computed before the run from public facts (arrival
+times and plans of the queries before it, the policy, table sizes, the speed model); the
+charge is made before any read, and stands. Not guaranteed: that it is an answer. An
+overrun replaces the answer by the fixed :class:`~dpsql.errors.QueryFailed`, released at the
+same time and charged the same, so it tells the analyst one bit: "the run, plus its wait
+for a worker, did not fit". That bit depends on the machine's load and on the other
+queries' real run times, which can depend on their private data (bounded per-row work
+bounds how much), and on this query's own run. The slack and margin are chosen so that
+honest queries do not overrun on the machine the server is sized for; each overrun is
+logged, and at stop the server logs how much of their deadlines answers used and their
+workers' run time against the model (:class:`DeadlineUsage`), the owner's evidence for
+``[server] deadline_slack`` and ``deadline_margin_ms``. Measured (``bench_server.py``, 8
+clients, COUNT on 1,000 rows, 2 cores, 2026-11-25 01:27-01:53 UTC on a machine shared with
+other work): at load 3.4, workers' runs were p50 0.28 / p99 1.8 / p99.9 2.8 of a
+calibrated (unscaled) model and answers used p99 0.45 / p99.9 0.81 of their deadlines, no
+overrun in the measured phases; at loads 7-11 (3-5 runnable processes per core besides the
+server), runs were p50 0.5-1.5 / p99 3-5 of the model and 3-70% of queries overran with
+slack 3 and a 20 ms margin, whichever model: no slack that keeps latency useful holds
+when the machine is shared that much, and the calibration at start, made on the loaded
+machine, is then what keeps deadlines in reach.
+
 CPU contention (several slots or workers). With N slots on C cores, the runs in the other slots
 share the CPU with this one, and how much CPU they use can depend on their private data
 (a guarded LIKE that only works on the target's row). The deadline must not depend on it,
@@ -108,6 +137,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from dpsql.deadline_use import DeadlineUsage
 from dpsql.errors import BudgetExceeded, QueryFailed, RateLimited
 
 __all__ = [
@@ -380,7 +410,7 @@ class ReleaseTiming(Timing):
 
     def hold(self, work: Callable[[threading.Event], _T], seconds: float) -> _T:
         start = self.start(seconds)
-        late = Deadline(start + seconds)
+        late = Deadline(start + seconds, need=self.model.run_time(seconds))
         try:
             value = work(late)
         except QueryFailed as exc:  # an overrun, a dead worker, a failed run: one fixed outcome
@@ -406,65 +436,13 @@ class ReleaseTiming(Timing):
         return value
 
 
-class DeadlineUsage:
-    """How much of their deadlines answers used: the owner's evidence for the slack.
-
-    For each answer held by a :class:`ReleaseTiming`: the share of its deadline gone when
-    the worker's answer came back (its wait for a worker and its run; above 1 is an
-    overrun), and the worker's run time over the modelled run time
-    (:meth:`TimingModel.run_time`). Kept for the last ``keep`` queries; :meth:`summary`
-    gives their quantiles (logged when the server stops).
-
-    >>> usage = DeadlineUsage()
-    >>> for i in range(100):
-    ...     usage.record(i / 200, i / 100)
-    >>> usage.record(None, None)  # an overrun
-    >>> usage.summary()
-    'deadline use over 101 answers (1 overruns): share of the deadline used p50 0.25 / p99 0.49 / p99.9 0.49 / max 0.49; worker run / modelled run p50 0.50 / p99 0.99 / p99.9 0.99 / max 0.99'
-    """
-
-    def __init__(self, keep: int = 100_000) -> None:
-        self._keep = keep
-        self._used: list[float] = []
-        self._ran: list[float] = []
-        self._count = 0
-        self._overruns = 0
-        self._lock = threading.Lock()
-
-    def record(self, used: float | None, ran: float | None) -> None:
-        """One answer: ``used`` share of its deadline (``None``: an overrun), ``ran``
-        the worker's run over the modelled run time (``None``: unknown)."""
-        with self._lock:
-            self._count += 1
-            if used is None:
-                self._overruns += 1
-                return
-            if len(self._used) < self._keep:
-                self._used.append(used)
-                if ran is not None:
-                    self._ran.append(ran)
-
-    def summary(self) -> str:
-        with self._lock:
-            used, ran = sorted(self._used), sorted(self._ran)
-            count, overruns = self._count, self._overruns
-        return (f"deadline use over {count} answers ({overruns} overruns): share of the deadline used "
-                f"{_quantiles(used)}; worker run / modelled run {_quantiles(ran)}")
-
-
-def _quantiles(values: list[float]) -> str:
-    if not values:
-        return "none"
-    at = [values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.99, 0.999)] + [values[-1]]
-    return "p50 {:.2f} / p99 {:.2f} / p99.9 {:.2f} / max {:.2f}".format(*at)
-
-
 class Deadline(threading.Event):
     """Set once a query's deadline has passed; ``at`` is that deadline on ``time.monotonic()``."""
 
-    def __init__(self, at: float) -> None:
+    def __init__(self, at: float, need: float = 0.0) -> None:
         super().__init__()
         self.at = at
+        self.need = need  # the modelled run time: a worker does not start it with less time left
         self.ran: float | None = None  # the worker's run time, when a worker says (ReleaseTiming)
 
 

@@ -66,6 +66,9 @@ __all__ = ["FrontConnection", "WorkerDied", "WorkerPool", "WorkerSpec"]
 
 log = logging.getLogger("dpsql.server")
 
+#: At most this many analysts' Connections are made in each worker before it is ready.
+PREOPENED = 64
+
 #: How long a worker may take to open its engine and warm up.
 _START_SECONDS = 300.0
 _STOP_SECONDS = 30.0
@@ -85,6 +88,7 @@ class WorkerSpec:
     reports: str | None
     model: TimingModel
     log_level: int = logging.INFO
+    analysts: tuple[str, ...] = ()  # whose Connections a worker makes before it says ready
 
 
 class _Bug(Exception):
@@ -125,7 +129,11 @@ class WorkerPool:
         :class:`~dpsql.timing.Deadline` is also told the worker's run time, ``ran``).
         ``charge``: how the front charges a query that no worker took by its deadline (in a
         thread of its own, at once); without it, such a query waits for a free worker,
-        which charges it.
+        which charges it. A :class:`~dpsql.timing.Deadline`'s ``need`` (its modelled run
+        time) moves "by its deadline" earlier: a query that could not start by ``at - need``
+        is not started, an overrun at once, so that under overload the workers spend their
+        time on queries that can still make their deadlines instead of on hopeless ones
+        (a backlog drains instead of making every query behind it late).
 
         Raises:
             Overrun: no worker was free, or the worker did not answer, by ``at``; the query
@@ -134,16 +142,22 @@ class WorkerPool:
             Error: the worker's refusal or failure, as it is.
         """
         deadline = at if isinstance(at, Deadline) else None
+        need = deadline.need if deadline is not None else 0.0
         at = at.at if isinstance(at, Deadline) else at
         message = (analyst, plan, sql, at, bias)
         try:
-            worker = self._idle.get(timeout=max(0.0, at - time.monotonic()))
-        except queue.Empty:  # waited past the deadline behind other queries
+            worker = self._idle.get(timeout=max(0.0, at - need - time.monotonic()))
+        except queue.Empty:  # waited behind other queries until it could no longer fit
+            worker = None
+        if worker is not None and need > 0 and time.monotonic() > at - need:
+            self._idle.put(worker)  # free too late for its modelled run: not started (see below)
+            worker = None
+        if worker is None:
             if charge is not None:  # the front charges it: no worker is taken from the backlog
                 threading.Thread(target=_charge_late, args=(charge,), name="dpsql-late", daemon=True).start()
             else:
                 threading.Thread(target=self._late, args=(message,), name="dpsql-late", daemon=True).start()
-            raise Overrun() from None
+            raise Overrun()
         if self._closed:
             self._idle.put(worker)
             raise Error("the dpsql server is shutting down; try again when it is back.")
@@ -333,6 +347,10 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
     except Error as exc:
         pipe.send(("error", exc))
         return
+    # An analyst's Connection (its post-processing engine: tens of milliseconds on a loaded
+    # machine) made at an analyst's first query would be made inside that query's deadline.
+    for analyst in spec.analysts[:PREOPENED]:
+        service.connection(analyst)
     try:
         pipe.send(("ready", os.getpid()))
         while True:

@@ -165,7 +165,7 @@ def test_cli_revoke(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_a_server_hashes_tokens_in_one_thread_at_the_lowest_priority(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_hashes_tokens_in_one_thread_at_a_lower_priority(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     token = create_token(path, "alice")
     seen: list[tuple[str, int]] = []
     matches = auth.TokenRecord.matches
@@ -187,4 +187,5 @@ def test_a_server_hashes_tokens_in_one_thread_at_the_lowest_priority(path: Path,
     finally:
         hasher.close()
     assert len(seen) == 3
-    assert all(name.startswith("dpsql-scrypt") and nice == 19 for name, nice in seen), seen
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert all(name.startswith("dpsql-scrypt") and nice == min(19, ours + 10) for name, nice in seen), (seen, ours)

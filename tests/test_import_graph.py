@@ -36,7 +36,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("postprocess", ("dpsql.postprocess",)),
     ("report", ("dpsql.report", "dpsql.codec")),
     ("repeats", ("dpsql.repeats",)),
-    ("connection", ("dpsql.timing", "dpsql.calibration", "dpsql.explain", "dpsql.public", "dpsql.cursor", "dpsql.connection",
+    ("connection", ("dpsql.deadline_use", "dpsql.timing", "dpsql.calibration", "dpsql.explain", "dpsql.public", "dpsql.cursor", "dpsql.connection",
                     "dpsql.opener")),
     ("fronts", ("dpsql.dbapi", "dpsql.auth", "dpsql.wire", "dpsql.workers", "dpsql.service",
                 "dpsql.server", "dpsql.pgwire", "dpsql.client", "dpsql.cli")),  # what analysts and owners call

@@ -267,7 +267,7 @@ def test_budget_exhaustion_over_the_network(server: ServerProcess, home: Path) -
 RACER = textwrap.dedent("""
     import os, sys, time, dpsql
     location, token, gate, name = sys.argv[1:]
-    granted = refused = 0
+    granted = refused = failed = 0
     with dpsql.Client(location, token=token, timeout=60) as client:
         client.health()                      # connected: now wait for the others
         open(os.path.join(gate, name), "w").close()
@@ -282,7 +282,9 @@ RACER = textwrap.dedent("""
                 refused += 1
                 if refused >= 3:
                     break
-    print(granted, refused)
+            except dpsql.QueryFailed:  # an overrun on a loaded machine: charged, unless the budget refused it
+                failed += 1
+    print(granted, refused, failed)
 """)
 
 
@@ -301,12 +303,15 @@ def test_eight_client_processes_get_exactly_the_budget(
     while len(list(tmp_path.glob("ready*"))) < 8 and time.monotonic() < deadline:
         time.sleep(0.01)
     (tmp_path / "go").touch()  # all at once
-    granted = []
+    granted, failed = [], []
     for racer in racers:
         out, err = racer.communicate(timeout=60)
         assert racer.returncode == 0, err
         granted.append(int(out.split()[0]))
-    assert sum(granted) == 10, granted  # epsilon 5 / 0.5 per query, across all processes, never more
+        failed.append(int(out.split()[2]))
+    # epsilon 5 / 0.5 per query, across all processes, never more; an overrun (QueryFailed,
+    # on a loaded machine) may have been one of the ten charges
+    assert sum(granted) <= 10 <= sum(granted) + sum(failed), (granted, failed)
     with client(server, tokens["racer"]) as remote:
         status = remote.budget()
     assert (status.queries, status.epsilon_spent, status.epsilon_remaining) == (10, 5.0, 0.0)

@@ -148,6 +148,32 @@ def test_a_worker_finding_its_deadline_passed_charges_and_releases_nothing(servi
 
 
 @pytest.mark.multiprocess
+def test_a_query_with_less_time_left_than_its_modelled_run_is_not_started(service: Service) -> None:
+    # Under overload a worker's time goes to queries that can still make their deadlines:
+    # one that cannot start by (deadline - modelled run) is an overrun at once, charged by
+    # the front, and no worker runs it.
+    from dpsql.timing import Deadline, Overrun
+
+    pool = service.pool
+    assert pool is not None
+    conn = service.connection("w9")
+    sql = "SELECT COUNT(*) AS hopeless FROM visits"
+    plan = conn.plan(sql, epsilon=0.01)
+    charged = threading.Event()
+    free = pool._idle.qsize()
+    started = time.monotonic()
+    with pytest.raises(Overrun):
+        pool.run("w9", plan, sql, Deadline(time.monotonic() + 5.0, need=10.0), charge=charged.set)
+    assert time.monotonic() - started < 1.0  # at once: no wait for a worker, no run
+    assert charged.wait(5)
+    assert service.budget("w9").queries == 0  # the test's charge stood in for the front's ledger
+    assert free > 0 and pool._idle.qsize() == free  # the free workers are still free: none was given it
+    late = Deadline(time.monotonic() + 5.0, need=0.001)  # room for its run: a worker answers it
+    assert pool.run("w9", plan, sql, late, charge=charged.set).arrow().num_rows == 1
+    assert late.ran is not None and 0 < late.ran < 5.0
+
+
+@pytest.mark.multiprocess
 def test_refusals_come_back_as_they_are_and_at_once(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
     # "At once" has two halves. Structurally: a refusal made before any data is read never
     # enters the deadline's hold (spied on). In time: it comes back in about the time its
@@ -236,3 +262,30 @@ def test_workers_above_one_need_an_engine_each_can_open(tmp_path: Path) -> None:
 
     with pytest.raises(dpsql.Error, match="--workers"):
         Service.open(duckdb.connect(), _policy(tmp_path / "p.toml", 100), tmp_path / "l.sqlite", workers=2)
+
+
+def test_a_worker_makes_the_analysts_connections_before_it_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Made at an analyst's first query, a Connection would be made inside its deadline.
+    import multiprocessing
+    import signal as signals
+
+    from dpsql import workers
+
+    monkeypatch.setattr(signals, "signal", lambda *args: None)  # _serve ignores SIGINT/SIGTERM: not in pytest
+    monkeypatch.setattr(workers, "_configure_logging", lambda level: None)
+    made: list[str] = []
+
+    class FakeService:
+        def connection(self, analyst: str) -> None:
+            made.append(analyst)
+
+        def close(self) -> None:
+            made.append("closed")
+
+    spec = workers.WorkerSpec(lambda *args, **kwargs: FakeService(), None, "p", "l", None,
+                              TimingModel(0.01, 1e-8), analysts=("ann", "bob"))
+    ours, theirs = multiprocessing.Pipe()
+    ours.send(None)  # stop as soon as it is ready
+    workers._serve(spec, theirs)
+    assert ours.recv()[0] == "ready"
+    assert made == ["ann", "bob", "closed"]
