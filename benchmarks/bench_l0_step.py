@@ -55,6 +55,8 @@ def _join(pairs: str = PAIRS, top: str = "MIN(__h, 5)", cte: str = "") -> str:
             f"WHERE {_KEEP}")
 
 
+_POSITIONS = ("SELECT * FROM (SELECT *, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 + list_position(CAST($k1 "
+              "AS TEXT[]), __g1) - 1 AS __i FROM (" + PAIRS[:PAIRS.index(" HAVING")] + ")) WHERE __i IS NOT NULL")
 _PAIRS64 = PAIRS.replace(f"ELSE {_M1} END", f"ELSE {_M1} END::BIGINT").replace(f"ELSE {_M2} END", f"ELSE {_M2} END::BIGINT")
 VARIANTS = {
     "floor": FLOOR,
@@ -91,6 +93,13 @@ VARIANTS = {
         "+ list_position(CAST($k1 AS TEXT[]), device) - 1)) AS __m FROM visits WHERE region IN (SELECT UNNEST(CAST($k0 AS TEXT[]))) "
         "AND device IN (SELECT UNNEST(CAST($k1 AS TEXT[]))) GROUP BY user_id)) AS __thr "
         f"ON __pairs.__u = __thr.__lu WHERE __c IS NULL OR {H} < __c"),
+    "mask join + positions filter": FINAL.format(
+        f"WITH __ph AS (SELECT *, {H} AS __h FROM ({_POSITIONS}) AS __pairs) SELECT __ph.* FROM __ph "
+        "JOIN (SELECT __lu, CASE WHEN bit_count(__m) > 4 THEN list_sort(list_transform(list_filter(range(12), "
+        "lambda i: (__m >> i) & 1 = 1), lambda i: HASH(XOR(HASH(__lu, CAST($k0 AS TEXT[])[i // 3 + 1], "
+        "CAST($k1 AS TEXT[])[i % 3 + 1]), CAST($salt2 AS UBIGINT)))))[5] END AS __c "
+        "FROM (SELECT __u AS __lu, bit_or(1::BIGINT << __i) AS __m FROM __ph GROUP BY __u)) AS __thr "
+        "ON __ph.__u = __thr.__lu WHERE __c IS NULL OR __h < __c"),
     "mask join unrolled": FINAL.format(
         f"WITH __ph AS (SELECT *, {H} AS __h, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 "
         f"+ list_position(CAST($k1 AS TEXT[]), __g1) - 1 AS __i FROM ({PAIRS}) AS __pairs) SELECT __ph.* FROM __ph "
