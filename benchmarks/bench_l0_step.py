@@ -7,12 +7,13 @@ cap is 4) on the 10M-row demo. Every variant is the bounded query dpsql writes f
 another way; "no L0 step" drops it (not a valid bounded query: the cost of the rest).
 
     python benchmarks/bench_l0_step.py --repeat 3
-    python benchmarks/bench_l0_step.py --variants "join (dpsql),window" --repeat 5
+    python benchmarks/bench_l0_step.py --variants "dpsql,threshold join (before),window row_number" --repeat 5
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -54,10 +55,12 @@ def _join(pairs: str = PAIRS, top: str = "MIN(__h, 5)", cte: str = "") -> str:
             f"WHERE {_KEEP}")
 
 
+_POSITIONS = ("SELECT * FROM (SELECT *, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 + list_position(CAST($k1 "
+              "AS TEXT[]), __g1) - 1 AS __i FROM (" + PAIRS[:PAIRS.index(" HAVING")] + ")) WHERE __i IS NOT NULL")
 _PAIRS64 = PAIRS.replace(f"ELSE {_M1} END", f"ELSE {_M1} END::BIGINT").replace(f"ELSE {_M2} END", f"ELSE {_M2} END::BIGINT")
 VARIANTS = {
     "floor": FLOOR,
-    "join (dpsql)": FINAL.format(_join()),
+    "threshold join (before)": FINAL.format(_join()),
     "no L0 step": FINAL.format(PAIRS),
     "window row_number": FINAL.format(f"SELECT *, {H} AS __h FROM ({PAIRS}) QUALIFY row_number() OVER "
                                       "(PARTITION BY __u ORDER BY __h) <= 4"),
@@ -66,9 +69,64 @@ VARIANTS = {
         "(e).__m3 AS __m3 FROM (SELECT UNNEST(list_filter(__l[1:4], lambda x: len(__l) <= 4 OR x.__h < __l[4].__h "
         "OR __l[5].__h <> __l[4].__h)) AS e FROM (SELECT MIN_BY(struct_pack(__g0, __g1, __m0, __m1, __m2, __m3, "
         f"__h), __h, 5) AS __l FROM (SELECT *, {H} AS __h FROM ({PAIRS})) GROUP BY __u))"),
-    "join, list_sort(list(h))": FINAL.format(_join(top="list_sort(list(__h))")),
-    "join, BIGINT pair sums": FINAL.format(_join(_PAIRS64)),
-    "join, NOT MATERIALIZED": FINAL.format(_join(cte="NOT MATERIALIZED ")),
+    "join with list_sort(list(h))": FINAL.format(_join(top="list_sort(list(__h))")),
+    "join with BIGINT pair sums": FINAL.format(_join(_PAIRS64)),
+    "join NOT MATERIALIZED": FINAL.format(_join(cte="NOT MATERIALIZED ")),
+    "scalar cut": FINAL.format(
+        f"WITH __ph AS (SELECT *, {H} AS __h FROM ({PAIRS}) AS __pairs) SELECT __ph.* FROM __ph "
+        "JOIN (SELECT __u AS __lu, MIN(__h, 5)[5] AS __c FROM __ph GROUP BY __u) AS __thr ON __ph.__u = __thr.__lu "
+        "WHERE __c IS NULL OR __h < __c"),
+    "mask join": FINAL.format(
+        f"WITH __ph AS (SELECT *, {H} AS __h, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 "
+        f"+ list_position(CAST($k1 AS TEXT[]), __g1) - 1 AS __i FROM ({PAIRS}) AS __pairs) SELECT __ph.* FROM __ph "
+        "JOIN (SELECT __lu, CASE WHEN __n > 4 THEN list_sort(list_transform(list_filter(range(12), "
+        "lambda i: (__m >> i) & 1 = 1), lambda i: HASH(XOR(HASH(__lu, CAST($k0 AS TEXT[])[i // 3 + 1], "
+        "CAST($k1 AS TEXT[])[i % 3 + 1]), CAST($salt2 AS UBIGINT)))))[5] END AS __c "
+        "FROM (SELECT __u AS __lu, bit_or(1::BIGINT << __i) AS __m, count(*) AS __n FROM __ph GROUP BY __u)) AS __thr "
+        "ON __ph.__u = __thr.__lu WHERE __c IS NULL OR __h < __c"),
+    "mask from rows": FINAL.format(
+        f"SELECT __pairs.* FROM ({PAIRS}) AS __pairs JOIN (SELECT __lu, CASE WHEN bit_count(__m) > 4 THEN "
+        "list_sort(list_transform(list_filter(range(12), "
+        "lambda i: (__m >> i) & 1 = 1), lambda i: HASH(XOR(HASH(__lu, CAST($k0 AS TEXT[])[i // 3 + 1], "
+        "CAST($k1 AS TEXT[])[i % 3 + 1]), CAST($salt2 AS UBIGINT)))))[5] END AS __c "
+        "FROM (SELECT user_id AS __lu, bit_or(1::BIGINT << ((list_position(CAST($k0 AS TEXT[]), region) - 1) * 3 "
+        "+ list_position(CAST($k1 AS TEXT[]), device) - 1)) AS __m FROM visits WHERE region IN (SELECT UNNEST(CAST($k0 AS TEXT[]))) "
+        "AND device IN (SELECT UNNEST(CAST($k1 AS TEXT[]))) GROUP BY user_id)) AS __thr "
+        f"ON __pairs.__u = __thr.__lu WHERE __c IS NULL OR {H} < __c"),
+    "mask join + positions filter": FINAL.format(
+        f"WITH __ph AS (SELECT *, {H} AS __h FROM ({_POSITIONS}) AS __pairs) SELECT __ph.* FROM __ph "
+        "JOIN (SELECT __lu, CASE WHEN bit_count(__m) > 4 THEN list_sort(list_transform(list_filter(range(12), "
+        "lambda i: (__m >> i) & 1 = 1), lambda i: HASH(XOR(HASH(__lu, CAST($k0 AS TEXT[])[i // 3 + 1], "
+        "CAST($k1 AS TEXT[])[i % 3 + 1]), CAST($salt2 AS UBIGINT)))))[5] END AS __c "
+        "FROM (SELECT __u AS __lu, bit_or(1::BIGINT << __i) AS __m FROM __ph GROUP BY __u)) AS __thr "
+        "ON __ph.__u = __thr.__lu WHERE __c IS NULL OR __h < __c"),
+    "mask join unrolled": FINAL.format(
+        f"WITH __ph AS (SELECT *, {H} AS __h, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 "
+        f"+ list_position(CAST($k1 AS TEXT[]), __g1) - 1 AS __i FROM ({PAIRS}) AS __pairs) SELECT __ph.* FROM __ph "
+        "JOIN (SELECT __lu, CASE WHEN __n > 4 THEN list_sort(list_value("
+        + ", ".join(f"CASE WHEN (__m >> {i}) & 1 = 1 THEN HASH(XOR(HASH(__lu, CAST($k0 AS TEXT[])[{i // 3 + 1}], "
+                    f"CAST($k1 AS TEXT[])[{i % 3 + 1}]), CAST($salt2 AS UBIGINT))) END" for i in range(12))
+        + "))[5] END AS __c "
+        "FROM (SELECT __u AS __lu, bit_or(1::BIGINT << __i) AS __m, count(*) AS __n FROM __ph GROUP BY __u)) AS __thr "
+        "ON __ph.__u = __thr.__lu WHERE __c IS NULL OR __h < __c"),
+    "mask window unrolled": FINAL.format(
+        f"SELECT * FROM (SELECT *, bit_or(1::BIGINT << __i) OVER (PARTITION BY __u) AS __m, count(*) OVER "
+        f"(PARTITION BY __u) AS __n FROM (SELECT *, {H} AS __h, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 "
+        f"+ list_position(CAST($k1 AS TEXT[]), __g1) - 1 AS __i FROM ({PAIRS}) AS __pairs)) WHERE __n <= 4 OR ("
+        + " + ".join(f"CASE WHEN (__m >> {i}) & 1 = 1 AND HASH(XOR(HASH(__u, CAST($k0 AS TEXT[])[{i // 3 + 1}], "
+                     f"CAST($k1 AS TEXT[])[{i % 3 + 1}]), CAST($salt2 AS UBIGINT))) <= __h THEN 1 ELSE 0 END" for i in range(12))
+        + ") <= 4"),
+    "mask window": FINAL.format(
+        f"SELECT * FROM (SELECT *, bit_or(1::BIGINT << __i) OVER (PARTITION BY __u) AS __m, count(*) OVER "
+        f"(PARTITION BY __u) AS __n FROM (SELECT *, {H} AS __h, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 "
+        f"+ list_position(CAST($k1 AS TEXT[]), __g1) - 1 AS __i FROM ({PAIRS}) AS __pairs)) WHERE __n <= 4 OR "
+        "len(list_filter(range(12), lambda i: (__m >> i) & 1 = 1 AND HASH(XOR(HASH(__u, CAST($k0 AS TEXT[])[i // 3 + 1], "
+        "CAST($k1 AS TEXT[])[i % 3 + 1]), CAST($salt2 AS UBIGINT))) <= __h)) <= 4"),
+    "count window + scalar cut": FINAL.format(
+        f"WITH __ph AS (SELECT *, {H} AS __h, count(*) OVER (PARTITION BY __u) AS __n FROM ({PAIRS}) AS __pairs) "
+        "SELECT * FROM __ph WHERE __n <= 4 UNION ALL SELECT __ph.* FROM __ph "
+        "JOIN (SELECT __u AS __lu, MIN(__h, 5)[5] AS __c FROM __ph WHERE __n > 4 GROUP BY __u) AS __thr "
+        "ON __ph.__u = __thr.__lu WHERE __h < __c"),
 }
 
 
@@ -80,22 +138,25 @@ def _cpu() -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; floor is always run")
+    parser.add_argument("--variants", default=",".join(["dpsql", *VARIANTS]),
+                        help='comma-separated; floor is always run; "dpsql": the bounded query dpsql writes now')
     args = parser.parse_args(argv)
-    chosen = {"floor": FLOOR, **{k: VARIANTS[k] for k in args.variants.split(",") if k != "floor"}}
     con = duckdb.connect(str(DATA), read_only=True)
     con.execute("SET enable_progress_bar = false")
-    _check(con, chosen)
+    text, params = _dpsql(con)
+    every = {"floor": (FLOOR, {}), "dpsql": (text, params)}
+    every.update({k: (sql, {p: v for p, v in PARAMS.items() if "$" + p in sql}) for k, sql in VARIANTS.items()})
+    chosen = {"floor": every["floor"], **{k: every[k] for k in args.variants.split(",") if k != "floor"}}
+    _check(con, chosen, con.sql(text, params=params).fetchall())
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in chosen}
-    load = [__import__("os").getloadavg()[0]]
+    load = [os.getloadavg()[0]]
     for round_ in range(args.repeat + 1):
-        for name, sql in chosen.items():
-            params = {k: v for k, v in PARAMS.items() if "$" + k in sql}
+        for name, (sql, values) in chosen.items():
             w, c = time.perf_counter(), _cpu()
-            con.sql(sql, params=params or None).fetchall()
+            con.sql(sql, params=values or None).fetchall()
             if round_:
                 times[name].append((time.perf_counter() - w, _cpu() - c))
-        load.append(__import__("os").getloadavg()[0])
+        load.append(os.getloadavg()[0])
     base = [statistics.median(x[i] for x in times["floor"]) for i in (0, 1)]
     print(f"| variant (GROUP BY region, device, 10M rows; median of {args.repeat}; load {min(load):.1f}-{max(load):.1f}) "
           "| wall s | / floor | CPU s | / floor |\n|---|---:|---:|---:|---:|")
@@ -105,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _check(con: duckdb.DuckDBPyConnection, chosen: dict[str, str]) -> None:
-    """Every variant but "no L0 step" answers what dpsql's own bounded query answers."""
+def _dpsql(con: duckdb.DuckDBPyConnection) -> tuple[str, dict[str, object]]:
+    """dpsql's own bounded query for the shape, as the pipeline binds it (salt ``SALT``)."""
     import dpsql  # noqa: PLC0415
     from dpsql.rewrite import bounded_query  # noqa: PLC0415
 
@@ -114,12 +175,16 @@ def _check(con: duckdb.DuckDBPyConnection, chosen: dict[str, str]) -> None:
         plan = conn.plan("SELECT region, device, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region, device",
                          epsilon=0.1)
         bounded = bounded_query(plan, salt=None, list_parameters=True)
-        text = bounded.query.sql(dialect="duckdb").replace('"dpsql_data"."main".', "")
-        want = sorted(con.sql(text, params={**bounded.lists, "salt2": SALT}).fetchall(), key=repr)
-    for name, sql in chosen.items():
-        if name in ("floor", "no L0 step"):
+    return bounded.query.sql(dialect="duckdb").replace('"dpsql_data"."main".', ""), {**bounded.lists, "salt2": SALT}
+
+
+def _check(con: duckdb.DuckDBPyConnection, chosen: dict[str, tuple[str, dict[str, object]]], answer: list[tuple[object, ...]]) -> None:
+    """Every variant but "no L0 step" answers what dpsql's own bounded query answers."""
+    want = sorted(answer, key=repr)
+    for name, (sql, values) in chosen.items():
+        if name in ("floor", "no L0 step", "dpsql"):
             continue
-        got = sorted(con.sql(sql, params={k: v for k, v in PARAMS.items() if "$" + k in sql}).fetchall(), key=repr)
+        got = sorted(con.sql(sql, params=values or None).fetchall(), key=repr)
         assert got == want, f"{name} answers differently from dpsql's bounded query"
 
 

@@ -1,5 +1,6 @@
-"""The L0 cap's threshold join (rewrite._kept): never more than max_groups_per_unit groups,
-even when keyed hashes tie; and the same groups as the ROW_NUMBER window it replaced."""
+"""The L0 cap (dpsql.rewrite.groupcap): never more than max_groups_per_unit groups, even
+when keyed hashes tie; the same groups as the ROW_NUMBER window; and its two forms (the
+per-unit list of smallest hashes, the per-unit mask of listed keys) keep the same pairs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sqlglot.expressions as exp
 
 import dpsql
 from dpsql import rewrite
+from dpsql.rewrite import groupcap
 from dpsql.policy import parse_policy
 
 from policy_builder import policy_text
@@ -33,24 +35,30 @@ def con() -> duckdb.DuckDBPyConnection:
     c.close()
 
 
-def _exact_counts(c: duckdb.DuckDBPyConnection) -> dict[str, int]:
+def _exact_counts(c: duckdb.DuckDBPyConnection, lists: bool = False) -> dict[str, int]:
     conn = dpsql.connect(c, parse_policy(POLICY), ledger=None, repeats=False)
     plan = conn.plan("SELECT g, COUNT(*) AS n FROM t GROUP BY g", epsilon=1.0)
-    rows = c.sql(rewrite.bounded_query(plan, salt=12345).query.sql("duckdb")).fetchall()
+    bounded = rewrite.bounded_query(plan, salt=12345, list_parameters=lists)
+    assert ("__mask" in bounded.query.sql("duckdb")) == lists  # lists bound: the mask form
+    rows = c.sql(bounded.query.sql("duckdb"), params=dict(bounded.lists) or None).fetchall()
     return {g: n for g, n in rows}
 
 
-def test_cap_holds_and_small_units_keep_everything(con: duckdb.DuckDBPyConnection) -> None:
-    counts = _exact_counts(con)
+@pytest.mark.parametrize("lists", [False, True])
+def test_cap_holds_and_small_units_keep_everything(con: duckdb.DuckDBPyConnection, lists: bool) -> None:
+    counts = _exact_counts(con, lists)
     assert sum(counts.values()) == 2 + 2 + 1  # unit 1 keeps 2 of its 4 groups
     assert counts.get("a", 0) >= 1 and counts.get("b", 0) >= 1 and counts.get("c", 0) >= 1
 
 
-def test_tied_hashes_never_exceed_the_cap(con: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("lists", [False, True])
+def test_tied_hashes_never_exceed_the_cap(con: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch,
+                                          lists: bool) -> None:
     # Every hash equal: a tie straddles the cut for unit 1, which then keeps no group at
     # all (never 3 or 4); units 2 and 3 have no more groups than the cap and keep them.
-    monkeypatch.setattr(rewrite, "_keyed_hash", lambda salt, *args: exp.cast(exp.Literal.number(7), exp.DataType.build("UBIGINT", dialect="duckdb")))
-    counts = _exact_counts(con)
+    # (Both forms hash through nodes.keyed_hash: the pairs' and the mask's recomputed ones.)
+    monkeypatch.setattr(groupcap.nodes, "keyed_hash", lambda salt, *args: exp.cast(exp.Literal.number(7), exp.DataType.build("UBIGINT", dialect="duckdb")))
+    counts = _exact_counts(con, lists)
     assert counts == {"a": 1, "b": 1, "c": 1}
 
 
@@ -74,3 +82,44 @@ def test_same_groups_as_the_window(con: duckdb.DuckDBPyConnection) -> None:
     kept = rewrite._kept(Plan(), pairs, 987654321)  # type: ignore[arg-type]
     joined = con.sql(f"SELECT __u, __g0 FROM ({kept.sql('duckdb')}) ORDER BY ALL").fetchall()
     assert joined == window and len(joined) == 1000 * 3
+
+
+class _Key:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Plan:
+    max_groups_per_unit = 3
+    group_keys = (_Key("__g0"), _Key("__g1"))
+
+
+def _kept_pairs(con: duckdb.DuckDBPyConnection, query: exp.Select, params: dict[str, object]) -> list[tuple[object, ...]]:
+    return con.sql(f"SELECT __u, __g0, __g1 FROM ({query.sql('duckdb')}) ORDER BY ALL", params=params).fetchall()
+
+
+def test_mask_form_keeps_the_same_pairs_as_the_list_form(con: duckdb.DuckDBPyConnection) -> None:
+    # Two listed keys (a string and a SMALLINT: the mask's recomputed hashes must hash the
+    # same values of the same types), a domain with strides, units of 1 to 9 groups, and
+    # values listed that no row has; the lists given in the other order than the keys.
+    con.execute("CREATE TABLE many2 AS SELECT (i // 9) AS u, chr((97 + (i * 7) % 5)::INTEGER) AS a, "
+                "((i * i * 13) % 4)::SMALLINT AS b FROM range(9000) r(i)")
+    pairs = exp.select("u AS __u", "a AS __g0", "b AS __g1").from_("many2").group_by("u", "a", "b")
+    listed = [("lb", "__g1", "SMALLINT", (0, 1, 2, 3, 9)), ("la", "__g0", "VARCHAR", ("a", "b", "c", "d", "e", "z"))]
+    params: dict[str, object] = {"la": list(listed[1][3]), "lb": list(listed[0][3])}
+    sizes = con.sql("SELECT least(count(*), 3) FROM (SELECT DISTINCT u, a, b FROM many2) GROUP BY u").fetchall()
+    for salt in range(25):
+        by_list = _kept_pairs(con, groupcap.kept(_Plan(), pairs.copy(), salt), {})  # type: ignore[arg-type]
+        masked = groupcap.kept(_Plan(), pairs.copy(), salt, listed)  # type: ignore[arg-type]
+        assert "__mask" in masked.sql("duckdb")
+        assert _kept_pairs(con, masked, params) == by_list
+        assert len(by_list) == sum(n for n, in sizes)  # each unit keeps min(its groups, 3)
+
+
+def test_mask_form_only_for_small_listed_domains() -> None:
+    pairs = exp.select("u AS __u", "a AS __g0", "b AS __g1").from_("t").group_by("u", "a", "b")
+    small = [("la", "__g0", "INTEGER", tuple(range(7))), ("lb", "__g1", "INTEGER", tuple(range(9)))]  # 63 combinations
+    large = [("la", "__g0", "INTEGER", tuple(range(8))), ("lb", "__g1", "INTEGER", tuple(range(8)))]  # 64
+    assert "__mask" in groupcap.kept(_Plan(), pairs.copy(), 1, small).sql("duckdb")  # type: ignore[arg-type]
+    assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, large).sql("duckdb")  # type: ignore[arg-type]
+    assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, small[:1]).sql("duckdb")  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ The bounded query has up to four steps (subqueries), each a plain relational pas
              weighed down to ``m`` rows, ``sum * m // n`` (:func:`_rescaled_sum`).
 ``__kept``   only when a unit could be in more groups than ``max_groups_per_unit``: the
              unit's groups with the smallest keyed hash ``hash(xor(hash(unit, keys), salt))``
-             for a fresh secret salt: a uniform random choice.
+             for a fresh secret salt: a uniform random choice (:mod:`dpsql.rewrite.groupcap`).
 final        GROUP BY keys: exact 128-bit sums floored to the release lattice.
 
 A row-level table (no privacy unit) not joined needs no bounding: each row is its own unit;
@@ -22,7 +22,7 @@ Nothing the analyst typed is pasted: every identifier and literal is a node buil
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
@@ -32,6 +32,7 @@ from dpsql.analyze.public_values import member
 from dpsql.plan import GroupKey, Measurement, QueryPlan, Source, ValueRelease
 from dpsql.rewrite.columns import Layout, Read, RowValue, layout
 from dpsql.rewrite.distinct import distinct_row_value, distinct_total, kept_values
+from dpsql.rewrite.groupcap import Listed, kept
 from dpsql.rewrite.nodes import alias as _alias
 from dpsql.rewrite.nodes import call as _func
 from dpsql.rewrite.nodes import cast as _cast
@@ -139,7 +140,7 @@ def bounded_query(plan: QueryPlan, salt: int | None = None, list_parameters: boo
         if listed:  # listed values bound as lists: kept pairs only (before the group cap)
             pairs.set("having", exp.Having(this=exp.and_(*(_in_list(*k) for k in listed), copy=False)))
         if plan.sample_groups:
-            pairs = _kept(plan, pairs, salt)
+            pairs = _kept(plan, pairs, salt, listed)
         query = _final(plan, columns, pairs, per_row=False)
     lists = {name: list(values) for name, _, _, values in listed}
     # The salts are read off the tree just built (not its text): whatever shape the steps
@@ -393,56 +394,10 @@ def _rescaled_sum(total: Callable[[], exp.Expression], count: str, cap: int) -> 
     return exp.Case(ifs=[exp.If(this=exp.GT(this=n(), expression=_int(cap)), true=scaled)], default=total())
 
 
-def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None) -> exp.Select:
-    """Each unit's ``max_groups_per_unit`` groups of smallest keyed hash (the L0 cap).
-
-    A threshold join, not a window: per unit, the g+1 smallest hashes (``min(h, g + 1)``);
-    a pair is kept when its hash is below the g-th, or equal to it and the (g+1)-th differs
-    (a tie straddling the cut keeps neither, so never more than g groups); a unit with at
-    most g groups keeps them all. It keeps what ``ROW_NUMBER() OVER (PARTITION BY unit ORDER
-    BY hash) <= g`` keeps, barring 64-bit ties, and measured 1.5x faster than that window
-    (1M rows, GROUP BY region, device: 264 against 391 ms; benchmarks/README.md).
-    """
-    g = plan.max_groups_per_unit
-    keys = [_col(k.name) for k in plan.group_keys]
-    order = _keyed_hash("salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, _col("__u"), *keys)
-    hashed = (exp.Select(expressions=[exp.Star(), _alias(order, "__h")])
-              .from_(pairs.subquery("__pairs", copy=False), copy=False))
-    smallest = _alias(_func("min", _col("__h"), _int(g + 1)), "__l")
-    limits = (exp.Select(expressions=[_alias(_col("__u"), "__lu"), smallest])
-              .from_(_table("__ph"), copy=False).group_by(_col("__u"), copy=False))
-
-    def h() -> exp.Expression:
-        return _col("__h", "__ph")
-
-    def cut() -> exp.Expression:
-        return _index(_col("__l"), g)
-
-    keep = exp.or_(
-        exp.LTE(this=_func("len", _col("__l")), expression=_int(g)),
-        exp.LT(this=h(), expression=cut()),
-        exp.and_(exp.EQ(this=h(), expression=cut()), exp.NEQ(this=_index(_col("__l"), g + 1), expression=cut()),
-                 copy=False),
-        copy=False,
-    )
-    on = exp.EQ(this=_col("__u", "__ph"), expression=_col("__lu", "__thr"))
-    return (exp.Select(expressions=[exp.Column(this=exp.Star(), table=exp.Identifier(this="__ph", quoted=True))])
-            .from_(_table("__ph"), copy=False)
-            .join(limits.subquery("__thr", copy=False), on=on, copy=False)
-            .where(keep, copy=False)
-            .with_("__ph", as_=hashed, copy=False))
-
-
-def _table(name: str) -> exp.Table:
-    return exp.Table(this=exp.Identifier(this=name, quoted=True))
-
-
-def _index(array: exp.Expression, position: int) -> exp.Expression:
-    """The ``position``-th element (1-based) of a list: ``_index(l, 1)`` is ``l[1]``, the
-    first. The index is stored 1-based (``offset=1``, DuckDB's), so sqlglot writes it as
-    it is instead of typing the list and simplifying ``index + 1`` on every write (about
-    1 ms per bracket in the L0 step's SQL)."""
-    return exp.Bracket(this=array, expressions=[_int(position)], offset=1)
+def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None, listed: Sequence[Listed] = ()) -> exp.Select:
+    """Each unit's ``max_groups_per_unit`` groups of smallest keyed hash (the L0 cap,
+    :mod:`dpsql.rewrite.groupcap`; ``listed``: the keys bound as list parameters)."""
+    return kept(plan, pairs, "salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, listed)
 
 
 def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool) -> exp.Select:
