@@ -77,6 +77,7 @@ class Session(Answering):
         self._portals: dict[str, Portal] = {}
         self._skipping = False
         self._descriptions: OrderedDict[tuple[Any, ...], Described] = OrderedDict()
+        self._statements: OrderedDict[tuple[Any, ...], tuple[list[m.Column] | None, tuple[int, ...]]] = OrderedDict()
 
     # ------------------------------------------------------------ the connection's life
 
@@ -337,6 +338,13 @@ class Session(Answering):
         if prepared.described:
             return
         statement = prepared.statement
+        key = ("statement", statement.text, tuple(prepared.oids), self.settings.get("dpsql.epsilon"),
+               self.settings.get("dpsql.delta"), *self._shape())
+        known = self._statements.get(key)  # the same statement prepared again: no parse
+        if known is not None:
+            prepared.columns, prepared.oids = known[0], list(known[1])
+            prepared.shape, prepared.described = self._shape(), True
+            return
         typed = describe.parameter_types(statement.text, prepared.oids, {})
         values = describe.placeholder_values(statement.text, typed, samples=False)
         sql = st.bind(statement.text, values, typed) if prepared.oids else statement.text
@@ -356,6 +364,10 @@ class Session(Answering):
         prepared.shape = self._shape()
         prepared.oids = describe.parameter_types(statement.text, prepared.oids, described.types)
         prepared.described = True
+        if described.outcome is None:  # from a plan: the same for the same text and settings
+            if len(self._statements) >= _MAX_STATEMENTS:
+                self._statements.popitem(last=False)
+            self._statements[key] = (prepared.columns, tuple(prepared.oids))
 
     def _portal_columns(self, portal: Portal) -> list[m.Column] | None:
         """The portal's columns; those of its statement when the statement was described
