@@ -21,7 +21,7 @@ from dpsql.pgwire import statements as st
 from dpsql.pgwire.answer import Answering, Described, Outcome
 from dpsql.pgwire.catalog import Catalog
 from dpsql.pgwire.describe import Describer, parameter_types, placeholder_values
-from dpsql.pgwire.session import conform
+from dpsql.pgwire.answer import conform
 
 ROOT = Path(__file__).resolve().parents[1]
 
