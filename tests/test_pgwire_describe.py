@@ -21,7 +21,7 @@ from dpsql.pgwire import statements as st
 from dpsql.pgwire.answer import Answering, Described, Outcome
 from dpsql.pgwire.catalog import Catalog
 from dpsql.pgwire.describe import Describer, parameter_types, placeholder_values
-from dpsql.pgwire.session import conform
+from dpsql.pgwire.answer import conform
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,3 +224,16 @@ def test_a_key_whose_engine_type_cannot_be_bound_takes_its_familys_type(front: _
     odd = [dataclasses.replace(s, types=tuple((n, "NO_SUCH_TYPE") for n, _ in s.types)) for s in plan.sources]
     families = front.server.describer.columns(dataclasses.replace(plan, sources=tuple(odd)), accuracy=False, bias=False)
     assert [c.oid for c in families] == [m.BOOL, m.FLOAT8, m.INT8]  # the boolean and number families
+
+
+def test_result_formats_are_none_one_or_one_per_column() -> None:
+    from dpsql.pgwire.answer import Refusal
+    from dpsql.pgwire.session import _check_formats
+
+    two = [m.Column("a", m.INT8), m.Column("b", m.TEXT)]
+    for formats in ([], [1], [0, 1]):
+        _check_formats(formats, two)
+    _check_formats([0, 1, 1], None)  # columns not known yet: checked once they are
+    with pytest.raises(Refusal, match="3 result formats for 2 columns") as caught:
+        _check_formats([0, 1, 1], two)
+    assert caught.value.sqlstate == "08P01"

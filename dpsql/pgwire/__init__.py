@@ -39,7 +39,8 @@ SQL. Queries are read as Postgres SQL (sqlglot's ``postgres`` reader, as
 Prepared statements. Describe of a statement or a portal answers from the plan (nothing
 charged, no private row read, planning time only; :mod:`~dpsql.pgwire.describe`), so drivers
 that prepare server-side get the result columns and the parameter types before they bind
-(tested with asyncpg and psycopg 3 with ``prepare=True``: ``tests/test_pgwire_clients.py``);
+(tested with asyncpg, SQLAlchemy's asyncpg dialect, psycopg 3 with ``prepare=True`` and
+Debian's PostgreSQL JDBC driver: ``tests/test_pgwire_clients.py``);
 results go in text or binary format, as Bind asks.
 
 What is not Postgres. ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and do nothing (a

@@ -29,7 +29,7 @@ from dpsql.local.query import references_local_table
 from dpsql.pgwire import catalog as cat
 from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
-from dpsql.pgwire.describe import column_types, parameter_type
+from dpsql.pgwire.describe import column_types, compatible, parameter_type
 
 if TYPE_CHECKING:
     from dpsql.result import Result
@@ -394,6 +394,38 @@ def _explain_call(tree: exp.Expr | None) -> str | None:
                 and isinstance(call.expressions[0], exp.Literal) and call.expressions[0].is_string:
             return str(call.expressions[0].name)
     return None
+
+
+def conform(outcome: Outcome, announced: list[m.Column]) -> Outcome:
+    """``outcome`` with the columns a Describe announced, in order: a ``_bias`` column the
+    answer has no cells for (no rows) is NULL. Raises the charged :class:`dpsql.QueryFailed`
+    (the query ran) if the answer's columns do not read as announced; the describe tests
+    keep that from happening."""
+    actual = outcome.columns or []
+    picks: list[int | None] = []
+    at = 0
+    for column in announced:
+        if at < len(actual) and actual[at].name == column.name:
+            if not compatible(column.oid, actual[at].oid):
+                break
+            picks.append(at)
+            at += 1
+        elif column.name.endswith("_bias"):
+            picks.append(None)
+        else:
+            break
+    if len(picks) != len(announced) or at != len(actual):
+        log.error("pg answer's columns %s differ from the described %s", [(c.name, c.oid) for c in actual],
+                  [(c.name, c.oid) for c in announced])
+        raise errors.QueryFailed()
+    if picks == list(range(len(actual))) and all(a.oid == c.oid for a, c in zip(actual, announced)):
+        return outcome
+
+    def pick(row: list[Any]) -> list[Any]:
+        return [None if i is None else row[i] for i in picks]
+
+    values = None if outcome.values is None else [pick(row) for row in outcome.values]
+    return Outcome(outcome.tag, list(announced), [pick(row) for row in outcome.rows], outcome.sent, outcome.empty, values)
 
 
 def _public_only(tree: exp.Expr, policy: Any) -> bool:

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from dpsql.errors import AuthenticationError, Error, QueryFailed
+from dpsql.errors import AuthenticationError, Error
 from dpsql.pgwire import describe
 from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
@@ -31,6 +31,7 @@ from dpsql.pgwire.answer import (
     Host,
     Outcome,
     Refusal,
+    conform,
 )
 from dpsql.pgwire.scram import FAILED, ScramExchange
 
@@ -77,6 +78,7 @@ class Session(Answering):
         self._portals: dict[str, Portal] = {}
         self._skipping = False
         self._descriptions: OrderedDict[tuple[Any, ...], Described] = OrderedDict()
+        self._statements: OrderedDict[tuple[Any, ...], tuple[list[m.Column] | None, tuple[int, ...]]] = OrderedDict()
 
     # ------------------------------------------------------------ the connection's life
 
@@ -326,8 +328,7 @@ class Session(Answering):
         if columns is None:
             self._out.append(m.message(b"n"))
             return
-        if len(portal.formats) > 1 and len(portal.formats) != len(columns):
-            raise Refusal("08P01", f"Bind gave {len(portal.formats)} result formats for {len(columns)} columns")
+        _check_formats(portal.formats, columns)
         self._out.append(m.row_description(columns, portal.formats))
 
     def _describe_statement(self, prepared: Prepared) -> None:
@@ -337,6 +338,13 @@ class Session(Answering):
         if prepared.described:
             return
         statement = prepared.statement
+        key = ("statement", statement.text, tuple(prepared.oids), self.settings.get("dpsql.epsilon"),
+               self.settings.get("dpsql.delta"), *self._shape())
+        known = self._statements.get(key)  # the same statement prepared again: no parse
+        if known is not None:
+            prepared.columns, prepared.oids = known[0], list(known[1])
+            prepared.shape, prepared.described = self._shape(), True
+            return
         typed = describe.parameter_types(statement.text, prepared.oids, {})
         values = describe.placeholder_values(statement.text, typed, samples=False)
         sql = st.bind(statement.text, values, typed) if prepared.oids else statement.text
@@ -356,6 +364,10 @@ class Session(Answering):
         prepared.shape = self._shape()
         prepared.oids = describe.parameter_types(statement.text, prepared.oids, described.types)
         prepared.described = True
+        if described.outcome is None:  # from a plan: the same for the same text and settings
+            if len(self._statements) >= _MAX_STATEMENTS:
+                self._statements.popitem(last=False)
+            self._statements[key] = (prepared.columns, tuple(prepared.oids))
 
     def _portal_columns(self, portal: Portal) -> list[m.Column] | None:
         """The portal's columns; those of its statement when the statement was described
@@ -402,6 +414,7 @@ class Session(Answering):
         portal = self._portal(fields.cstring())
         limit = fields.int32()
         announced = self._portal_columns(portal) if portal.described or portal.prepared.described else None
+        _check_formats(portal.formats, announced)  # before it runs, when its columns are known
         outcome = self._outcome(portal)
         if outcome.empty:
             self._out.append(m.message(b"I"))
@@ -409,6 +422,7 @@ class Session(Answering):
         if announced is not None and outcome.sent == 0 and outcome.columns is not None:
             outcome = portal.outcome = conform(outcome, announced)
         columns = outcome.columns or []
+        _check_formats(portal.formats, columns)
         binary = any(m.format_of(portal.formats, i) == 1 for i in range(len(columns)))
         end = len(outcome.rows) if limit <= 0 else min(len(outcome.rows), outcome.sent + limit)
         if binary and outcome.values is not None:
@@ -446,36 +460,10 @@ class Session(Answering):
         book[name] = value
 
 
-def conform(outcome: Outcome, announced: list[m.Column]) -> Outcome:
-    """``outcome`` with the columns a Describe announced, in order: a ``_bias`` column the
-    answer has no cells for (no rows) is NULL. Raises the charged :class:`dpsql.QueryFailed`
-    (the query ran) if the answer's columns do not read as announced; the describe tests
-    keep that from happening."""
-    actual = outcome.columns or []
-    picks: list[int | None] = []
-    at = 0
-    for column in announced:
-        if at < len(actual) and actual[at].name == column.name:
-            if not describe.compatible(column.oid, actual[at].oid):
-                break
-            picks.append(at)
-            at += 1
-        elif column.name.endswith("_bias"):
-            picks.append(None)
-        else:
-            break
-    if len(picks) != len(announced) or at != len(actual):
-        log.error("pg answer's columns %s differ from the described %s", [(c.name, c.oid) for c in actual],
-                  [(c.name, c.oid) for c in announced])
-        raise QueryFailed()
-    if picks == list(range(len(actual))) and all(a.oid == c.oid for a, c in zip(actual, announced)):
-        return outcome
-
-    def pick(row: list[Any]) -> list[Any]:
-        return [None if i is None else row[i] for i in picks]
-
-    values = None if outcome.values is None else [pick(row) for row in outcome.values]
-    return Outcome(outcome.tag, list(announced), [pick(row) for row in outcome.rows], outcome.sent, outcome.empty, values)
+def _check_formats(formats: list[int], columns: list[m.Column] | None) -> None:
+    if columns is not None and len(formats) > 1 and len(formats) != len(columns):
+        raise Refusal("08P01", f"Bind gave {len(formats)} result formats for {len(columns)} columns; "
+                      "give none, one for all, or one per column.")
 
 
 def _startup_parameters(body: bytes) -> dict[str, str]:
