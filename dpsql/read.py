@@ -52,6 +52,7 @@ class Reader:
         self._udfs: Mapping[str, UDF] = {} if udfs is None else udfs
         self._prepared: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded]] = {}
         self._by_key: dict[Hashable, tuple[exp.Expression | str, Bounded]] = {}
+        self._lock = threading.Lock()
 
     def read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
         """The noisy table of ``plan`` and what each order statistic or UDF used.
@@ -87,14 +88,16 @@ class Reader:
         held = self._prepared.get(id(plan))
         if held is None or held[0] is not plan:
             key = bounding_key(plan)
-            shared = self._by_key.pop(key, None) if key is not None else None
+            with self._lock:
+                shared = self._by_key.pop(key, None) if key is not None else None
             if shared is None:
                 bounded = bounded_query(plan, list_parameters=True)
                 shared = (self._engine.prepare(bounded.query), bounded)
             if key is not None:
-                if len(self._by_key) >= _BOUNDED:
-                    self._by_key.pop(next(iter(self._by_key)))
-                self._by_key[key] = shared  # most recently used last
+                with self._lock:  # reads on several threads (deadlines) share this cache
+                    if len(self._by_key) >= _BOUNDED:
+                        self._by_key.pop(next(iter(self._by_key)))
+                    self._by_key[key] = shared  # most recently used last
             held = (plan, *shared)
             self._prepared[id(plan)] = held
         return held[1], held[2]
