@@ -1,4 +1,4 @@
-"""Does a query's fixed cost grow with its work? The evidence for ``work * base`` in the deadline model.
+"""Does a query's fixed cost grow with its work? (Could the deadline's base scale with it?)
 
 Times what a deadline covers (``Connection._answer``: charge, read, noise, post-process, store)
 for a few query shapes on the calibration tables (:mod:`dpsql.calibration`, 2,000 and

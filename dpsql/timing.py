@@ -163,13 +163,13 @@ HEADROOM = 1.5
 
 @dataclass(frozen=True)
 class TimingModel:
-    """How long a query may take: ``slack * contention * work * (base + per_row * rows) + margin``.
+    """How long a query may take: ``slack * contention * (base + per_row * rows * work) + margin``.
 
     Attributes:
-        base: seconds a query costs per unit of work whatever its size (its SQL, the engine's
-            fixed cost, noise, post-processing, the ledger's and the repeat store's commits):
-            measured, a query with more aggregates or keys costs more before it reads a row
-            (:func:`dpsql.calibration.calibrate`).
+        base: seconds a query costs whatever its size (its SQL, the engine's fixed cost,
+            noise, post-processing, the ledger's and the repeat store's commits), measured on
+            the calibration query (:func:`dpsql.calibration.calibrate`): conservative for
+            simpler queries (``benchmarks/deadline_work.py``: a COUNT's is 0.57 of it).
         per_row: seconds per row of one bounded pass, on this machine.
         slack: how much slower than the model a run may be before it counts as an overrun.
         margin: seconds added to every deadline (scheduler jitter, a loaded machine).
@@ -189,7 +189,7 @@ class TimingModel:
     def seconds(self, rows: float, work: float) -> float:
         if self.fixed is not None:
             return self.fixed
-        return self.slack * self.contention * work * (self.base + self.per_row * rows) + self.margin
+        return self.slack * self.contention * (self.base + self.per_row * rows * work) + self.margin
 
     def run_time(self, seconds: float) -> float:
         """The modelled run time of a query whose deadline is ``seconds``: the deadline
