@@ -100,6 +100,13 @@ VARIANTS = {
         "CAST($k1 AS TEXT[])[i % 3 + 1]), CAST($salt2 AS UBIGINT)))))[5] END AS __c "
         "FROM (SELECT __u AS __lu, bit_or(1::BIGINT << __i) AS __m FROM __ph GROUP BY __u)) AS __thr "
         "ON __ph.__u = __thr.__lu WHERE __c IS NULL OR __h < __c"),
+    "mask by two windows": FINAL.format(
+        "SELECT * FROM (SELECT *, max(__c0) OVER (PARTITION BY __u) AS __c FROM (SELECT *, CASE WHEN __r = 1 AND "
+        "bit_count(__m) > 4 THEN list_sort(list_transform(list_filter(range(12), lambda i: (__m >> i) & 1 = 1), "
+        "lambda i: HASH(XOR(HASH(__u, CAST($k0 AS TEXT[])[i // 3 + 1], CAST($k1 AS TEXT[])[i % 3 + 1]), "
+        "CAST($salt2 AS UBIGINT)))))[5] END AS __c0 FROM (SELECT *, bit_or(1::BIGINT << __i) OVER w AS __m, "
+        f"row_number() OVER w AS __r FROM (SELECT *, {H} AS __h FROM ({_POSITIONS}) AS __pairs) WINDOW w AS "
+        "(PARTITION BY __u)))) WHERE __c IS NULL OR __h < __c"),
     "mask join unrolled": FINAL.format(
         f"WITH __ph AS (SELECT *, {H} AS __h, (list_position(CAST($k0 AS TEXT[]), __g0) - 1) * 3 "
         f"+ list_position(CAST($k1 AS TEXT[]), __g1) - 1 AS __i FROM ({PAIRS}) AS __pairs) SELECT __ph.* FROM __ph "

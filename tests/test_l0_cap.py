@@ -123,3 +123,20 @@ def test_mask_form_only_for_small_listed_domains() -> None:
     assert "__mask" in groupcap.kept(_Plan(), pairs.copy(), 1, small).sql("duckdb")  # type: ignore[arg-type]
     assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, large).sql("duckdb")  # type: ignore[arg-type]
     assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, small[:1]).sql("duckdb")  # type: ignore[arg-type]
+
+
+def test_mask_form_holds_the_cap_when_unlike_values_compare_equal() -> None:
+    # A NOCASE column: 'North' matches the listed 'north' (IN, list_position) but hashes
+    # differently. The mask's cut hashes the listed values, so the pairs must too, or a unit
+    # could keep more than its 2 groups.
+    c = duckdb.connect()
+    c.execute("CREATE TABLE t (u INTEGER, g VARCHAR COLLATE NOCASE)")
+    c.execute("INSERT INTO t SELECT i // 4, ['North', 'SOUTH', 'east', 'West'][i % 4 + 1] FROM range(4000) r(i)")
+    conn = dpsql.connect(c, parse_policy(POLICY.replace('["a", "b", "c", "d"]', '["north", "south", "east", "west"]')),
+                         ledger=None, repeats=False)
+    plan = conn.plan("SELECT g, COUNT(*) AS n FROM t GROUP BY g", epsilon=1.0)
+    for salt in range(10):
+        bounded = rewrite.bounded_query(plan, salt=salt, list_parameters=True)
+        assert "__mask" in bounded.query.sql("duckdb")
+        rows = c.sql(bounded.query.sql("duckdb"), params=dict(bounded.lists)).fetchall()
+        assert sum(n for _, n in rows) == 1000 * 2  # every unit keeps exactly 2 of its 4 groups

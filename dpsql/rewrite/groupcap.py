@@ -15,8 +15,10 @@ forms that keep exactly the same pairs for a given salt:
 - **listed keys bound as lists, at most 63 listed combinations** (:data:`MASK_GROUPS`):
   each pair's place in the listed domain ``i``, and per unit the scalar ``bit_or(1 << i)``
   of the groups it has; the cut is then computed once per unit from that mask alone, by
-  hashing the present combinations from the bound lists (the same keyed hash of the same
-  values) and sorting them. No list aggregate over the pairs at all.
+  hashing the present combinations from the bound lists and sorting them. No list aggregate
+  over the pairs at all. Each pair's own hash is of the listed values too (the row's values
+  but for a column that compares unlike values equal, e.g. a NOCASE collation: the cut and
+  the pairs then still agree, and no unit keeps more than g).
 
 Nothing the analyst typed is pasted: every node is built here.
 """
@@ -52,14 +54,23 @@ def kept(plan: QueryPlan, pairs: exp.Select, salt: int | str, listed: Sequence[L
     domain is small, the cut comes from a per-unit bit mask instead of a list aggregate."""
     g = plan.max_groups_per_unit
     keys = [k.name for k in plan.group_keys]
-    columns: list[exp.Expression] = [exp.Star(), alias(nodes.keyed_hash(salt, column("__u"), *map(column, keys)), "__h")]
     domain = _domain(keys, listed)
-    if domain is not None:
-        columns.append(alias(_position(domain), "__i"))
-        cuts = _mask_cuts(g, domain, salt)
-    else:
+    source = pairs.subquery("__pairs", copy=False)
+    if domain is None:
+        hashed = exp.Select(expressions=[exp.Star(), alias(nodes.keyed_hash(salt, column("__u"), *map(column, keys)), "__h")])
         cuts = _list_cuts(g)
-    hashed = exp.Select(expressions=columns).from_(pairs.subquery("__pairs", copy=False), copy=False)
+    else:
+        # Each key's 1-based place in its list, then the hash of the *listed* values at those
+        # places: the very values the mask's cut hashes, so the cut and the pairs always agree
+        # and a unit never keeps more than g. (The same hash as the pair's own key unless the
+        # column compares unlike values equal, e.g. a NOCASE collation.)
+        places = [alias(call("list_position", _values(entry), column(entry[1])), f"__p{j}") for j, entry in enumerate(domain)]
+        source = exp.Select(expressions=[exp.Star(), *places]).from_(source, copy=False).subquery("__places", copy=False)
+        values = [exp.Bracket(this=_values(entry), expressions=[column(f"__p{j}")], offset=1) for j, entry in enumerate(domain)]
+        hashed = exp.Select(expressions=[exp.Star(), alias(nodes.keyed_hash(salt, column("__u"), *values), "__h"),
+                                         alias(_position(domain), "__i")])
+        cuts = _mask_cuts(g, domain, salt)
+    hashed = hashed.from_(source, copy=False)
     keep = exp.or_(exp.Is(this=column("__c"), expression=exp.Null()),
                    exp.LT(this=column("__h", "__ph"), expression=column("__c")), copy=False)
     on = exp.EQ(this=column("__u", "__ph"), expression=column("__lu", "__thr"))
@@ -98,11 +109,10 @@ def _strides(domain: list[Listed]) -> list[int]:
 
 
 def _position(domain: list[Listed]) -> exp.Expression:
-    """A pair's combination number, 0 to size - 1 (its keys' 0-based places in their lists)."""
+    """A pair's combination number, 0 to size - 1, from its keys' places ``__p0``, ``__p1`` ..."""
     terms: list[exp.Expression] = []
-    for entry, stride in zip(domain, _strides(domain), strict=True):
-        place: exp.Expression = exp.Sub(this=call("list_position", _values(entry), column(entry[1])),
-                                        expression=integer(1))
+    for j, stride in enumerate(_strides(domain)):
+        place: exp.Expression = exp.Sub(this=column(f"__p{j}"), expression=integer(1))
         terms.append(exp.Mul(this=exp.Paren(this=place), expression=integer(stride)) if stride != 1 else place)
     total = terms[0]
     for term in terms[1:]:
