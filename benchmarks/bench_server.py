@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +81,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of new queries then repeats")
     parser.add_argument("--workers", type=int, default=None, help="dpsql serve --workers (default: its own, one per core)")
     parser.add_argument("--slack", type=float, default=None, help="[server] deadline_slack (default: the policy's)")
+    parser.add_argument("--margin-ms", type=float, default=None, help="[server] deadline_margin_ms (default: the policy's)")
     parser.add_argument("--deadline-base-ms", type=float, default=None, help="pin the speed model (with the next)")
     parser.add_argument("--deadline-ms-per-million-rows", type=float, default=None)
     parser.add_argument("--compare", default=None, metavar="DIR",
@@ -88,6 +90,8 @@ def main() -> int:
     parser.add_argument("--compare-deadline-base-ms", type=float, default=None,
                         help="pin the compared server's model (with the next; its formula may differ)")
     parser.add_argument("--compare-deadline-ms-per-million-rows", type=float, default=None)
+    parser.add_argument("--compare-slack", type=float, default=None, help="the compared server's deadline_slack")
+    parser.add_argument("--compare-margin-ms", type=float, default=None, help="the compared server's deadline_margin_ms")
     parser.add_argument("--write", action="store_true", help=f"also append the report to {RESULTS}")
     args = parser.parse_args()
 
@@ -109,10 +113,12 @@ def main() -> int:
                 folder = home / name
                 folder.mkdir()
                 own = policy
-                if name == "compared" and args.compare_deadline_base_ms is not None:
+                if name == "compared" and (args.compare_deadline_base_ms is not None or args.compare_slack is not None
+                                           or args.compare_margin_ms is not None):
                     own = folder / "policy.toml"
                     own.write_text(_bench_policy(args, args.compare_deadline_base_ms,
-                                                 args.compare_deadline_ms_per_million_rows))
+                                                 args.compare_deadline_ms_per_million_rows,
+                                                 slack=args.compare_slack, margin_ms=args.compare_margin_ms))
                 workers = args.compare_workers if name == "compared" and args.compare_workers else args.workers
                 servers.append(_start_server(db, own, home / "auth.toml", folder, workers, code))
             overhead_token = tokens.pop(f"bench{args.clients}")
@@ -132,7 +138,10 @@ def main() -> int:
         logs = [(home / name / "server.log").read_text() for name, _ in codes]
         models = [next((line.split("deadlines: ", 1)[1] for line in text.splitlines() if "deadlines: " in line), "?")
                   for text in logs]
-        overruns = [text.count("ran past its deadline") + text.count("missed its deadline") for text in logs]
+        counts = [text.count("ran past its deadline") + text.count("missed its deadline") for text in logs]
+        usages = [next((line.split("INFO dpsql.server: ", 1)[1] for line in text.splitlines() if "deadline use over" in line), "?")
+                  for text in logs]
+        overruns = [f"{n} in the server's log; {usage}" for n, usage in zip(counts, usages)]
         load_after = os.getloadavg()
     report = _report(args, runs, load_before, load_after, exit_codes, models, overruns, [str(c) for _, c in codes])
     print(report)
@@ -142,12 +151,17 @@ def main() -> int:
     return 0
 
 
-def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_million_ms: float | None = None) -> str:
+def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_million_ms: float | None = None, *,
+                  slack: float | None = None, margin_ms: float | None = None) -> str:
     """The demo policy with a budget and a rate limit that the benchmark cannot exhaust."""
     text = (ROOT / "policies" / "demo.toml").read_text()
     server = ["queries_per_minute = 100000000"]
-    if args.slack is not None:
-        server.append(f"deadline_slack = {args.slack}")
+    slack = slack if slack is not None else args.slack
+    margin_ms = margin_ms if margin_ms is not None else getattr(args, "margin_ms", None)
+    if slack is not None:
+        server.append(f"deadline_slack = {slack}")
+    if margin_ms is not None:
+        server.append(f"deadline_margin_ms = {margin_ms}")
     if base_ms is None:
         base_ms, per_million_ms = args.deadline_base_ms, args.deadline_ms_per_million_rows
     if base_ms is not None:
@@ -156,7 +170,7 @@ def _bench_policy(args: argparse.Namespace, base_ms: float | None = None, per_mi
     for line in text.splitlines():
         if line.startswith("default = {"):
             line = BIG_BUDGET
-        elif line.startswith(("queries_per_minute", "deadline_slack")):
+        elif line.startswith(("queries_per_minute", "deadline_slack", "deadline_margin_ms")):
             continue
         lines.append(line)
         if line.strip() == "[server]":
@@ -256,10 +270,12 @@ def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any
             client.close()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its children alive now (the server's workers)."""
+def _cpu_seconds(pid: int, clients: Collection[int] = ()) -> tuple[float, float, float]:
+    """User + system CPU seconds of a server process, of its children alive now (its
+    workers), and of the ``clients`` processes: three figures, so the report can say where a
+    query's CPU goes."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    server = workers = others = 0.0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -267,9 +283,14 @@ def _cpu_seconds(pid: int) -> float:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(entry) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        used = (int(fields[11]) + int(fields[12])) / tick
+        if int(entry) == pid:
+            server += used
+        elif int(fields[1]) == pid:  # fields[1]: the parent's pid
+            workers += used
+        elif int(entry) in clients:
+            others += used
+    return server, workers, others
 
 
 def _throughput(locations: list[str], tokens: list[str], seconds: float, kinds: list[tuple[str, bool]],
@@ -291,7 +312,7 @@ def _throughput(locations: list[str], tokens: list[str], seconds: float, kinds: 
     servers = range(len(locations))
     gathered: list[dict[str, list[float]]] = [{kind: [] for kind, _ in kinds} for _ in servers]
     errors = [dict.fromkeys(gathered[0], 0) for _ in servers]
-    cpu = [dict.fromkeys(gathered[0], 0.0) for _ in servers]
+    cpu: list[dict[str, list[float]]] = [{kind: [0.0, 0.0, 0.0] for kind, _ in kinds} for _ in servers]
     loads: list[dict[str, list[float]]] = [{kind: [] for kind, _ in kinds} for _ in servers]
     for _ in range(rounds):
         for kind, fresh in kinds:
@@ -300,9 +321,12 @@ def _throughput(locations: list[str], tokens: list[str], seconds: float, kinds: 
                     c.put((server, fresh, phase))
                 loads[server][kind].append(os.getloadavg()[0])
                 barrier.wait(300)
-                before = _cpu_seconds(server_pids[server])
+                clients = [w.pid for w in workers if w.pid is not None]
+                before = _cpu_seconds(server_pids[server], clients)
                 results = [out.get(timeout=phase + 300) for _ in workers]
-                cpu[server][kind] += _cpu_seconds(server_pids[server]) - before
+                after = _cpu_seconds(server_pids[server], clients)
+                for j in range(3):
+                    cpu[server][kind][j] += after[j] - before[j]
                 for lats, errs in results:
                     gathered[server][kind] += lats
                     errors[server][kind] += errs
@@ -322,7 +346,10 @@ def _throughput(locations: list[str], tokens: list[str], seconds: float, kinds: 
                 "p50_ms": 1e3 * _quantile(latencies, 0.50),
                 "p99_ms": 1e3 * _quantile(latencies, 0.99),
                 "max_ms": 1e3 * latencies[-1] if latencies else float("nan"),
-                "cpu_ms": 1e3 * cpu[server][kind] / max(1, len(latencies) + errors[server][kind]),
+                "cpu_ms": 1e3 * sum(cpu[server][kind][:2]) / max(1, len(latencies) + errors[server][kind]),
+                "cpu_server_ms": 1e3 * cpu[server][kind][0] / max(1, len(latencies) + errors[server][kind]),
+                "cpu_workers_ms": 1e3 * cpu[server][kind][1] / max(1, len(latencies) + errors[server][kind]),
+                "cpu_clients_ms": 1e3 * cpu[server][kind][2] / max(1, len(latencies) + errors[server][kind]),
                 "load": statistics.mean(loads[server][kind]),
             }
         reports.append(report)
@@ -340,7 +367,7 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
             load_before: tuple[float, float, float], load_after: tuple[float, float, float], codes: list[int],
-            models: list[str], overruns: list[int], sources: list[str]) -> str:
+            models: list[str], overruns: list[str], sources: list[str]) -> str:
     compared = len(sources) > 1
     lines = [
         f"## Server: {args.clients} clients, small queries ({time.strftime('%Y-%m-%d %H:%M')})",
@@ -367,7 +394,7 @@ def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
     rows: list[tuple[str, list[str], str]] = [
         (f"throughput, {args.clients} client processes, {args.seconds:g} s", [], ">= 300 q/s new, 1,000 repeats"),
         ("latency p50 / p99 / max under that load", [], "p99 <= 50 ms"),
-        ("server CPU per query (server + workers)", [], ""),
+        ("CPU per query: server + workers (each; clients apart)", [], ""),
         ("load average (1 min) at the phases' starts, mean", [], ""),
     ]
     if compared:
@@ -409,7 +436,8 @@ def _cells(t: dict[str, float]) -> list[str]:
     return [
         f"{t['qps']:.0f} q/s ({t['queries']:.0f} queries, {t['errors']:.0f} errors)",
         f"{t['p50_ms']:.1f} / {t['p99_ms']:.1f} / {t['max_ms']:.1f} ms",
-        f"{t['cpu_ms']:.2f} ms",
+        f"{t['cpu_ms']:.2f} ms ({t['cpu_server_ms']:.2f} server, {t['cpu_workers_ms']:.2f} workers; "
+        f"clients {t['cpu_clients_ms']:.2f})",
         f"{t['load']:.1f}",
     ]
 

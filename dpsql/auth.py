@@ -56,7 +56,8 @@ import stat
 import tempfile
 import threading
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, UTC
@@ -71,6 +72,7 @@ except ImportError:  # pragma: no cover - Windows: no advisory lock
 
 __all__ = [
     "AUTH_FORMAT",
+    "BackgroundHasher",
     "TokenRecord",
     "TokenVerifier",
     "create_token",
@@ -174,10 +176,14 @@ class TokenVerifier:
     """Answers "whose token is this?" for the server, fast after the first request.
 
     Thread-safe. A missing or unreadable auth file refuses every token (fails closed).
+    ``hashing``: runs each scrypt check (default: in the calling thread); a server passes a
+    :class:`BackgroundHasher`, so that token checks do not take CPU from queries' runs.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *,
+                 hashing: Callable[[Callable[[], bool]], bool] | None = None) -> None:
         self.path = os.fspath(path)
+        self._hashing = hashing if hashing is not None else _in_this_thread
         self._lock = threading.Lock()
         self._key = secrets.token_bytes(32)
         self._by_id: dict[str, TokenRecord] = {}
@@ -231,7 +237,8 @@ class TokenVerifier:
         # scrypt, outside the lock. An unknown id is hashed against a decoy record of the
         # same cost, so that a wrong secret for a real id and any secret for a made-up id
         # take the same time: token ids cannot be enumerated by timing (DESIGN §7).
-        if not (record or self._decoy).matches(secret) or record is None:
+        checked = record or self._decoy
+        if not self._hashing(lambda: checked.matches(secret)) or record is None:
             raise AuthenticationError(_REJECTED)
         with self._lock:
             self._refresh()
@@ -269,6 +276,46 @@ class TokenVerifier:
         with self._lock:
             self._refresh()
             return self._load_error
+
+
+def _in_this_thread(check: Callable[[], bool]) -> bool:
+    return check()
+
+
+class BackgroundHasher:
+    """Runs scrypt checks one at a time in one thread at the lowest CPU priority (nice 19).
+
+    A token's first check costs one scrypt (tens of milliseconds of a core). Eight analysts
+    connecting at once would take both cores of a small machine for a few hundred
+    milliseconds, beside the workers' runs, whose deadlines assume the cores are theirs
+    (:mod:`dpsql.timing`, "CPU contention"): honest queries overran. Here the checks queue
+    for one thread that runs only when the cores have nothing else to do (the OS scheduler
+    gives nice 19 about 1.5% of a core against normal work). A check then waits for other
+    checks and for the queries' runs, never for data: every token costs one scrypt, known
+    or unknown id alike, so the refusal's timing still says nothing about which ids exist.
+
+    >>> hasher = BackgroundHasher()
+    >>> hasher(lambda: True)
+    True
+    >>> hasher.close()
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-scrypt", initializer=_lowest_priority)
+
+    def __call__(self, check: Callable[[], bool]) -> bool:
+        return self._pool.submit(check).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lowest_priority() -> None:
+    """Nice 19 for the calling thread only (Linux: a thread is a task); elsewhere, as is."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # pragma: no cover - no per-thread priority here
+        pass
 
 
 # ---------------------------------------------------------------- the file

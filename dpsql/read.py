@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 
 import pyarrow as pa
 import sqlglot.expressions as exp
@@ -25,10 +25,14 @@ from dpsql.plan import QueryPlan
 from dpsql.release import noisy_table
 from dpsql.release.udf import UDF
 from dpsql.rewrite import Bounded, bounded_query, value_query
+from dpsql.rewrite.key import bounding_key
 
 __all__ = ["Reader"]
 
 log = logging.getLogger("dpsql")
+
+#: Bounded queries kept per reader by bounding key (:mod:`dpsql.rewrite.key`), oldest dropped first.
+_BOUNDED = 128
 
 
 class Reader:
@@ -47,6 +51,7 @@ class Reader:
         self._source = source
         self._udfs: Mapping[str, UDF] = {} if udfs is None else udfs
         self._prepared: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded]] = {}
+        self._by_key: dict[Hashable, tuple[exp.Expression | str, Bounded]] = {}
 
     def read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
         """The noisy table of ``plan`` and what each order statistic or UDF used.
@@ -69,17 +74,28 @@ class Reader:
         raise QueryFailed()
 
     def forget(self) -> None:
-        """Drop every prepared query (the plans they belong to were dropped)."""
+        """Drop every plan's prepared query (the plans they belong to were dropped); the
+        queries kept by bounding key stay (they belong to no plan)."""
         self._prepared.clear()
 
     def _bounded(self, plan: QueryPlan) -> tuple[exp.Expression | str, Bounded]:
         """The bounded query as the engine runs it, its salts left as parameters: prepared
         once per plan (a plan is immutable; generating SQL is most of a small query's fixed
-        cost), with the parameter names rewrite reported."""
+        cost), with the parameter names rewrite reported. A new plan with the bounding key
+        of one seen before (another alias, epsilon, ORDER BY ...: :mod:`dpsql.rewrite.key`)
+        shares its query: the tree is neither built nor written again."""
         held = self._prepared.get(id(plan))
         if held is None or held[0] is not plan:
-            bounded = bounded_query(plan, list_parameters=True)
-            held = (plan, self._engine.prepare(bounded.query), bounded)
+            key = bounding_key(plan)
+            shared = self._by_key.pop(key, None) if key is not None else None
+            if shared is None:
+                bounded = bounded_query(plan, list_parameters=True)
+                shared = (self._engine.prepare(bounded.query), bounded)
+            if key is not None:
+                if len(self._by_key) >= _BOUNDED:
+                    self._by_key.pop(next(iter(self._by_key)))
+                self._by_key[key] = shared  # most recently used last
+            held = (plan, *shared)
             self._prepared[id(plan)] = held
         return held[1], held[2]
 

@@ -8,8 +8,10 @@ queries, and the ledger's charge is one write transaction, so no number of concu
 requests (or other processes sharing the ledger file) can overspend.
 
 Who is asking. Every call carries ``authorization: Bearer <token>``; a middleware checks it
-with :class:`~dpsql.auth.TokenVerifier` (one scrypt per token, then an in-memory keyed
-digest; re-read when the auth file changes, so a revoked token fails at its next request)
+with :class:`~dpsql.auth.TokenVerifier` (one scrypt per token, in one thread at the lowest
+CPU priority, :class:`~dpsql.auth.BackgroundHasher`, so that token checks do not slow the
+queries' runs; then an in-memory keyed digest per request; re-read when the auth file
+changes, so a revoked token fails at its next request)
 and refuses a wrong one before any handler runs. ``health`` also answers without a token.
 The Flight handlers and the token check are in :mod:`dpsql.flightfront`; this module
 starts and stops the server.
@@ -54,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.flight as flight
 
-from dpsql.auth import TokenVerifier
+from dpsql.auth import BackgroundHasher, TokenVerifier
 from dpsql.errors import Error
 from dpsql.flightfront import DpsqlFlightServer, Request
 from dpsql.service import Service
@@ -113,11 +115,12 @@ def serve(
     """
     if (options.tls_cert is None) != (options.tls_key is None):
         raise Error("pass both --tls-cert and --tls-key (PEM files), or neither.")
-    verifier = TokenVerifier(options.auth)
+    hasher = BackgroundHasher()  # token checks at the lowest CPU priority, one at a time
+    verifier = TokenVerifier(options.auth, hashing=hasher)
     if not verifier.analysts:
         log.warning("auth file %s holds no token: every query will be refused until one is created", options.auth)
     _warn_if_readable(options.auth)
-    reporters = _reporters(options)
+    reporters = _reporters(options, hasher)
     tls = _tls_certificates(options)
     if tls is None and not _is_loopback(options.host):
         log.warning("serving on %s without TLS: tokens and answers cross the network in clear text; "
@@ -164,11 +167,12 @@ def serve(
         if collector is not None:
             collector.close()
         service.close()
+        hasher.close()
     log.info("stopped; the ledger is closed")
     return 0
 
 
-def _reporters(options: ServeOptions) -> TokenVerifier | None:
+def _reporters(options: ServeOptions, hasher: BackgroundHasher) -> TokenVerifier | None:
     """The reporting clients' tokens (``--report-auth``): a file apart from the analysts'."""
     if options.report_auth is None:
         return None
@@ -183,7 +187,7 @@ def _reporters(options: ServeOptions) -> TokenVerifier | None:
     if isinstance(options.report_batch, bool) or not isinstance(options.report_batch, int) or options.report_batch < 2:
         raise Error(f"--report-batch must be a whole number >= 2 (a batch of one report hides nothing), "
                     f"got {options.report_batch!r}.")
-    reporters = TokenVerifier(options.report_auth)
+    reporters = TokenVerifier(options.report_auth, hashing=hasher)
     _warn_if_readable(options.report_auth)
     return reporters
 

@@ -149,6 +149,8 @@ class Service:
                 return
             self._closed = True
             connections = list(self._connections.values())
+        if isinstance(self.timing, ReleaseTiming):
+            log.info("%s", self.timing.usage.summary())
         if self.pool is not None:
             self.pool.close()
         for conn in connections:
@@ -176,10 +178,11 @@ def server_timing(policy: Policy, engine: DuckDBEngine, model: TimingModel | Non
         warm_up(Connection)
     elif limits.deadline_base_ms is not None and limits.deadline_ms_per_million_rows is not None:
         model = TimingModel(limits.deadline_base_ms / 1e3, limits.deadline_ms_per_million_rows / 1e9,
-                            slack=limits.deadline_slack)
+                            slack=limits.deadline_slack, margin=limits.deadline_margin_ms / 1e3)
         warm_up(Connection)
     else:  # measuring runs the pipeline, which warms it up too
-        model = dataclasses.replace(calibrate(pipeline=Connection, engine=engine), slack=limits.deadline_slack)
+        model = dataclasses.replace(calibrate(pipeline=Connection, engine=engine), slack=limits.deadline_slack,
+                                    margin=limits.deadline_margin_ms / 1e3)
     model = dataclasses.replace(model, contention=contention(slots))
     log.info("deadlines: %s", model)
     if front:

@@ -55,9 +55,9 @@ real runs are slower than modelled, and a query overruns only when they fall beh
 more than the slack's room (``(slack - 1) x run time + margin``). An overrun is
 answered with the plain :class:`~dpsql.errors.QueryFailed` *at the deadline* (the front
 does not wait for a worker that is late: the worker's own interrupt stops the run, its
-outcome is dropped), and it is charged: a query that waited past its deadline is still
-charged when a worker comes free (the worker finds the deadline passed: it charges and
-releases nothing). So an overrun tells one bit, at a public time, paid for; the slack and
+outcome is dropped), and it is charged: a query that waited past its deadline for a worker is
+charged by the server process at once (no worker is taken from the backlog; it reads
+nothing), one whose worker was too slow by the worker. So an overrun tells one bit, at a public time, paid for; the slack and
 the contention factor size deadlines so that honest queries do not overrun, each overrun
 is logged, and ``benchmarks/bench_server.py`` reports how many there were. With the slot
 hold the wait is public, so its overruns come only from the run itself; the price is
@@ -111,7 +111,7 @@ from typing import TypeVar
 from dpsql.errors import BudgetExceeded, QueryFailed, RateLimited
 
 __all__ = [
-    "Deadline", "Overrun", "ReleaseTiming", "Timing", "TimingModel", "available_cores", "coarse_rows", "contention",
+    "Deadline", "DeadlineUsage", "Overrun", "ReleaseTiming", "Timing", "TimingModel", "available_cores", "coarse_rows", "contention",
     "plan_work", "table_sizes",
 ]
 
@@ -133,10 +133,13 @@ HEADROOM = 1.5
 
 @dataclass(frozen=True)
 class TimingModel:
-    """How long a query may take: ``slack * contention * (base + per_row * rows * work) + margin``.
+    """How long a query may take: ``slack * contention * work * (base + per_row * rows) + margin``.
 
     Attributes:
-        base: seconds a query costs whatever its size (planning, SQL, noise, ledger).
+        base: seconds a query costs per unit of work whatever its size (its SQL, the engine's
+            fixed cost, noise, post-processing, the ledger's and the repeat store's commits):
+            measured, a query with more aggregates or keys costs more before it reads a row
+            (:func:`dpsql.calibration.calibrate`).
         per_row: seconds per row of one bounded pass, on this machine.
         slack: how much slower than the model a run may be before it counts as an overrun.
         margin: seconds added to every deadline (scheduler jitter, a loaded machine).
@@ -156,7 +159,7 @@ class TimingModel:
     def seconds(self, rows: float, work: float) -> float:
         if self.fixed is not None:
             return self.fixed
-        return self.slack * self.contention * (self.base + self.per_row * rows * work) + self.margin
+        return self.slack * self.contention * work * (self.base + self.per_row * rows) + self.margin
 
     def run_time(self, seconds: float) -> float:
         """The modelled run time of a query whose deadline is ``seconds``: the deadline
@@ -361,6 +364,7 @@ class ReleaseTiming(Timing):
         self._lanes = [0.0] * max(1, lanes)  # when each lane is free again (time.monotonic())
         self._headroom = headroom
         self._schedule = threading.Lock()
+        self.usage = DeadlineUsage()
 
     def start(self, seconds: float) -> float:
         """When the deadline of a query whose deadline is ``seconds`` starts, arriving now:
@@ -375,13 +379,15 @@ class ReleaseTiming(Timing):
         return start
 
     def hold(self, work: Callable[[threading.Event], _T], seconds: float) -> _T:
-        late = Deadline(self.start(seconds) + seconds)
+        start = self.start(seconds)
+        late = Deadline(start + seconds)
         try:
             value = work(late)
         except QueryFailed as exc:  # an overrun, a dead worker, a failed run: one fixed outcome
             overran = True
             if isinstance(exc, Overrun):
                 self.overruns += 1
+                self.usage.record(None, None)
                 log.warning("a query missed its deadline of %.3f s (waiting for a worker or running); the "
                             "analyst got QueryFailed (charged). Raise [server] deadline_slack if honest "
                             "queries overrun.", seconds)
@@ -390,11 +396,67 @@ class ReleaseTiming(Timing):
             raise
         else:
             overran = False
+            run = self.model.run_time(seconds)
+            self.usage.record((time.monotonic() - start) / seconds,
+                              None if late.ran is None or run <= 0 else late.ran / run)
         if overran:
             _sleep_until(late.at)
             raise QueryFailed() from None
         _sleep_until(late.at)
         return value
+
+
+class DeadlineUsage:
+    """How much of their deadlines answers used: the owner's evidence for the slack.
+
+    For each answer held by a :class:`ReleaseTiming`: the share of its deadline gone when
+    the worker's answer came back (its wait for a worker and its run; above 1 is an
+    overrun), and the worker's run time over the modelled run time
+    (:meth:`TimingModel.run_time`). Kept for the last ``keep`` queries; :meth:`summary`
+    gives their quantiles (logged when the server stops).
+
+    >>> usage = DeadlineUsage()
+    >>> for i in range(100):
+    ...     usage.record(i / 200, i / 100)
+    >>> usage.record(None, None)  # an overrun
+    >>> usage.summary()
+    'deadline use over 101 answers (1 overruns): share of the deadline used p50 0.25 / p99 0.49 / p99.9 0.49 / max 0.49; worker run / modelled run p50 0.50 / p99 0.99 / p99.9 0.99 / max 0.99'
+    """
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self._keep = keep
+        self._used: list[float] = []
+        self._ran: list[float] = []
+        self._count = 0
+        self._overruns = 0
+        self._lock = threading.Lock()
+
+    def record(self, used: float | None, ran: float | None) -> None:
+        """One answer: ``used`` share of its deadline (``None``: an overrun), ``ran``
+        the worker's run over the modelled run time (``None``: unknown)."""
+        with self._lock:
+            self._count += 1
+            if used is None:
+                self._overruns += 1
+                return
+            if len(self._used) < self._keep:
+                self._used.append(used)
+                if ran is not None:
+                    self._ran.append(ran)
+
+    def summary(self) -> str:
+        with self._lock:
+            used, ran = sorted(self._used), sorted(self._ran)
+            count, overruns = self._count, self._overruns
+        return (f"deadline use over {count} answers ({overruns} overruns): share of the deadline used "
+                f"{_quantiles(used)}; worker run / modelled run {_quantiles(ran)}")
+
+
+def _quantiles(values: list[float]) -> str:
+    if not values:
+        return "none"
+    at = [values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.99, 0.999)] + [values[-1]]
+    return "p50 {:.2f} / p99 {:.2f} / p99.9 {:.2f} / max {:.2f}".format(*at)
 
 
 class Deadline(threading.Event):
@@ -403,6 +465,7 @@ class Deadline(threading.Event):
     def __init__(self, at: float) -> None:
         super().__init__()
         self.at = at
+        self.ran: float | None = None  # the worker's run time, when a worker says (ReleaseTiming)
 
 
 def _sleep_until(deadline: float) -> None:

@@ -16,7 +16,8 @@ its own handles on the shared ledger and repeat store, and its analysts' Connect
 plan is sent (pickled, a few KB), the first free worker runs it with an interrupt armed at
 the deadline and takes its next query as soon as it is done; the answer waits for its
 deadline in the server process. A query that waits past its deadline for a free worker is
-answered QueryFailed at the deadline and charged when a worker is free. N bounds how many
+answered QueryFailed at the deadline and charged at once by the server process (its ledger
+handle; no worker is taken, so a backlog drains instead of feeding itself). N bounds how many
 runs share the cores (the contention factor of the deadlines).
 
 What is shared, and why it stays safe:
@@ -56,9 +57,10 @@ from typing import Any
 from dpsql.connection import Connection
 from dpsql.errors import Error, QueryFailed
 from dpsql.plan import QueryPlan
+from dpsql.report import charge_of
 from dpsql.repeats import Released
 from dpsql.result import Result
-from dpsql.timing import Overrun, TimingModel
+from dpsql.timing import Deadline, Overrun, TimingModel
 
 __all__ = ["FrontConnection", "WorkerDied", "WorkerPool", "WorkerSpec"]
 
@@ -116,21 +118,31 @@ class WorkerPool:
         for worker in workers:
             self._idle.put(worker)
 
-    def run(self, analyst: str, plan: QueryPlan, sql: str, at: float, *, bias: bool = False) -> Result:
+    def run(self, analyst: str, plan: QueryPlan, sql: str, at: float | Deadline, *, bias: bool = False,
+            charge: Callable[[], None] | None = None) -> Result:
         """Charge, read and release ``plan`` (planned by ``analyst``'s Connection in the front)
-        in the first free worker, with its deadline at ``at`` (``time.monotonic()``).
+        in the first free worker, with its deadline at ``at`` (``time.monotonic()``; a
+        :class:`~dpsql.timing.Deadline` is also told the worker's run time, ``ran``).
+        ``charge``: how the front charges a query that no worker took by its deadline (in a
+        thread of its own, at once); without it, such a query waits for a free worker,
+        which charges it.
 
         Raises:
             Overrun: no worker was free, or the worker did not answer, by ``at``; the query
-                is still charged (a worker takes it when one is free).
+                is still charged (by ``charge``, or by a worker when one is free).
             WorkerDied: the worker died; another is started.
             Error: the worker's refusal or failure, as it is.
         """
+        deadline = at if isinstance(at, Deadline) else None
+        at = at.at if isinstance(at, Deadline) else at
         message = (analyst, plan, sql, at, bias)
         try:
             worker = self._idle.get(timeout=max(0.0, at - time.monotonic()))
         except queue.Empty:  # waited past the deadline behind other queries
-            threading.Thread(target=self._late, args=(message,), name="dpsql-late", daemon=True).start()
+            if charge is not None:  # the front charges it: no worker is taken from the backlog
+                threading.Thread(target=_charge_late, args=(charge,), name="dpsql-late", daemon=True).start()
+            else:
+                threading.Thread(target=self._late, args=(message,), name="dpsql-late", daemon=True).start()
             raise Overrun() from None
         if self._closed:
             self._idle.put(worker)
@@ -140,11 +152,13 @@ class WorkerPool:
             if not worker.pipe.poll(max(0.0, at - time.monotonic())):
                 threading.Thread(target=self._drain, args=(worker,), name="dpsql-drain", daemon=True).start()
                 raise Overrun()
-            kind, value = worker.pipe.recv()
+            kind, value, ran = worker.pipe.recv()
         except (EOFError, OSError):
             self._replace(worker)
             raise WorkerDied() from None
         self._idle.put(worker)
+        if deadline is not None:
+            deadline.ran = ran
         if kind == "ok":
             return value  # type: ignore[no-any-return]
         if kind == "error":
@@ -212,6 +226,17 @@ class WorkerPool:
             self._idle.put(worker)  # a late run finds it and says the server is stopping
 
 
+def _charge_late(charge: Callable[[], None]) -> None:
+    """Charge a query that waited past its deadline (its analyst has QueryFailed already)."""
+    try:
+        charge()
+    except Error as exc:  # a budget that cannot pay: nothing was read, nothing to charge
+        log.info("a query that waited past its deadline was not charged: %s", type(exc).__name__)
+    except Exception as exc:  # noqa: BLE001 - logged; the analyst was answered already
+        log.error("charging a query that waited past its deadline failed with an unexpected %s",
+                  type(exc).__name__)
+
+
 class FrontConnection(Connection):
     """An analyst's Connection in the server process of a server with workers: it plans,
     refuses and serves repeats here; the engine work of each fresh query goes to a worker
@@ -225,12 +250,18 @@ class FrontConnection(Connection):
     def _answer(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
         if late is None:  # a repeat (execute found it in the store): no data read, served here
             return super()._answer(plan, sql)
-        return self._pool.run(self.analyst, plan, sql, _deadline_of(late))
+        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), charge=lambda: self._charge(plan, sql))
 
     def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
         if late is None:
             raise QueryFailed()  # never: the front always has deadlines
-        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), bias=True)
+        return self._pool.run(self.analyst, plan, sql, _deadline_of(late), bias=True,
+                              charge=lambda: self._charge(plan, sql))
+
+    def _charge(self, plan: QueryPlan, sql: str) -> None:
+        """What a worker does with a query it finds late (:meth:`Connection.answer_plan`):
+        charge it, read nothing; here, so that a backlog does not take workers."""
+        self._ledger.charge(self.analyst, self._policy.budget_for(self.analyst), charge_of(plan, sql))
 
     def _fresh(self, plan: QueryPlan, sql: str, charge: Any, late: threading.Event | None = None) -> Released:
         # Reached only when a stored answer vanished between execute's look and the repeat
@@ -238,11 +269,10 @@ class FrontConnection(Connection):
         raise QueryFailed()
 
 
-def _deadline_of(late: threading.Event) -> float:
-    at = getattr(late, "at", None)
-    if not isinstance(at, float):
+def _deadline_of(late: threading.Event) -> Deadline:
+    if not isinstance(late, Deadline):
         raise QueryFailed()  # never: ReleaseTiming hands a Deadline
-    return at
+    return late
 
 
 class _Worker:
@@ -319,18 +349,20 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
 
 
 def _answer(service: Any, analyst: str, plan: QueryPlan, sql: str, at: float,
-            bias: bool) -> tuple[str, object]:
-    """One query's engine work, its deadline armed at ``at``: charge, read, release."""
+            bias: bool) -> tuple[str, object, float]:
+    """One query's engine work, its deadline armed at ``at``: charge, read, release; with
+    the seconds it took (the front's evidence for the slack, :class:`~dpsql.timing.DeadlineUsage`)."""
+    started = time.monotonic()
     try:
         conn = service.connection(analyst)
         result = service.timing.run_until(lambda late: conn.answer_plan(plan, sql, late, bias=bias), at)
-        return "ok", result
+        return "ok", result, time.monotonic() - started
     except Error as exc:
-        return "error", exc.with_traceback(None)
+        return "error", exc.with_traceback(None), time.monotonic() - started
     except Exception as exc:  # noqa: BLE001 - the server turns it into an InternalError
         log.error("worker %d: a query failed with an unexpected %s; stack:\n%s", os.getpid(), type(exc).__name__,
                   "".join(traceback.format_tb(exc.__traceback__)))
-        return "bug", type(exc).__name__
+        return "bug", type(exc).__name__, time.monotonic() - started
 
 
 def _configure_logging(level: int) -> None:

@@ -163,3 +163,28 @@ def test_cli_revoke(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "has no token for analyst 'alice'" in capsys.readouterr().err
     assert main(["token", "revoke", "bob", "--auth", str(path.parent / "missing.toml")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_server_hashes_tokens_in_one_thread_at_the_lowest_priority(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = create_token(path, "alice")
+    seen: list[tuple[str, int]] = []
+    matches = auth.TokenRecord.matches
+
+    def spying(self: auth.TokenRecord, secret: str) -> bool:
+        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return matches(self, secret)
+
+    monkeypatch.setattr(auth.TokenRecord, "matches", spying)
+    hasher = auth.BackgroundHasher()
+    try:
+        verifier = TokenVerifier(path, hashing=hasher)
+        assert verifier.analyst_for(token) == "alice"
+        assert verifier.analyst_for(token) == "alice"  # remembered: no second scrypt
+        with pytest.raises(dpsql.AuthenticationError):
+            verifier.analyst_for(token.split(".")[0] + ".wrong")
+        with pytest.raises(dpsql.AuthenticationError):
+            verifier.analyst_for("000000000000.unknown")  # an unknown id: one scrypt too (the decoy)
+    finally:
+        hasher.close()
+    assert len(seen) == 3
+    assert all(name.startswith("dpsql-scrypt") and nice == 19 for name, nice in seen), seen

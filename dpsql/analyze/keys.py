@@ -127,10 +127,14 @@ def _add_expression_key(ctx: Context, node: exp.Expression) -> None:
     ctx.keys[identity] = GroupKey(f"__g{len(ctx.keys)}", None, canonical, values, filters, family)
 
 
+#: How the identity of an expression key starts (a column key's is ``table.column``, no colon).
+_SHAPED = "expr:"
+
+
 def _shape(node: exp.Expression) -> str:
     """An expression's text with table qualifiers dropped, to match keys in the select list."""
     bare = node.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
-    return "expr:" + bare.sql(dialect=DIALECT).casefold()
+    return _SHAPED + bare.sql(dialect=DIALECT).casefold()
 
 
 def _effective_l0(ctx: Context) -> tuple[int, bool]:

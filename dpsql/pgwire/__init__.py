@@ -23,8 +23,8 @@ anyway), in small modules: :mod:`~dpsql.pgwire.messages` (framing, bounded reads
 type OIDs), :mod:`~dpsql.pgwire.scram` (SCRAM-SHA-256 with hashlib/hmac and the verifier
 file), :mod:`~dpsql.pgwire.statements` (splitting, hints, parameter binding on the sqlglot
 tree), :mod:`~dpsql.pgwire.catalog` (pg_catalog from the policy), :mod:`~dpsql.pgwire.session`
-(the connection), :mod:`~dpsql.pgwire.answer` (one statement)
-and :mod:`~dpsql.pgwire.listener`.
+(the connection), :mod:`~dpsql.pgwire.answer` (one statement), :mod:`~dpsql.pgwire.describe`
+(a statement's columns and parameter types before it runs) and :mod:`~dpsql.pgwire.listener`.
 
 Authentication. Without TLS the server asks for SCRAM-SHA-256, checked against the
 verifier ``dpsql token create`` writes beside the auth file (``<auth>.scram``; see
@@ -36,11 +36,16 @@ credential fails with SQLSTATE 28P01 after at least :data:`~dpsql.pgwire.listene
 SQL. Queries are read as Postgres SQL (sqlglot's ``postgres`` reader, as
 ``conn.execute(sql, dialect="postgres")`` reads them), then checked like any query.
 
-What is not Postgres. Results are text format only; ``BEGIN``/``COMMIT``/``ROLLBACK`` are
-accepted and do nothing (a query is charged when it runs; a rollback refunds nothing); a
-query runs when its portal is first described or executed; ``Describe`` of a prepared
-statement reports its parameters but no columns; cancel requests are ignored (a charged
-query always finishes).
+Prepared statements. Describe of a statement or a portal answers from the plan (nothing
+charged, no private row read, planning time only; :mod:`~dpsql.pgwire.describe`), so drivers
+that prepare server-side get the result columns and the parameter types before they bind
+(tested with asyncpg and psycopg 3 with ``prepare=True``: ``tests/test_pgwire_clients.py``);
+results go in text or binary format, as Bind asks.
+
+What is not Postgres. ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and do nothing (a
+query is charged when it runs; a rollback refunds nothing); a query runs when its portal is
+first executed; a parameter nobody typed is typed from the column it is compared with (else
+``text``); cancel requests are ignored (a charged query always finishes).
 """
 
 from dpsql.pgwire.listener import PgServer

@@ -25,9 +25,11 @@ from sqlglot.errors import ParseError, TokenError
 from dpsql import errors
 from dpsql.display import with_bias_columns, with_intervals
 from dpsql.errors import AuthenticationError, Error
+from dpsql.local.query import references_local_table
 from dpsql.pgwire import catalog as cat
 from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
+from dpsql.pgwire.describe import column_types, parameter_type
 
 if TYPE_CHECKING:
     from dpsql.result import Result
@@ -85,6 +87,7 @@ class Host(Protocol):
     idle_timeout: float
     auth_floor_seconds: float
     stopping: Any
+    describer: Any
 
 
 class Refusal(Error):
@@ -104,6 +107,18 @@ class Outcome:
     rows: list[list[bytes | None]] = field(default_factory=list)
     sent: int = 0
     empty: bool = False
+    values: list[list[Any]] | None = None  # the rows' Python values, for binary results
+
+
+@dataclass
+class Described:
+    """What Describe learns of a statement: its columns (``None``: it answers no rows), the
+    engine types of the columns it reads (for its parameters' types), and its outcome when
+    learning the columns meant answering it (a catalog query, SHOW: free, no private row)."""
+
+    columns: list[m.Column] | None
+    types: dict[str, int] = field(default_factory=dict)
+    outcome: Outcome | None = None
 
 
 class Answering:
@@ -174,6 +189,41 @@ class Answering:
             log.info("query analyst=%r %s charged epsilon=%g delta=%g rows=%d in %.1f ms [pg]", self.user, described,
                      result.privacy.epsilon, result.privacy.delta, len(result), elapsed)
         return self._result_outcome(result)
+
+    def _columns(self, statement: st.Statement, sql: str, *, types: bool = True) -> Described:
+        """The columns ``sql`` will answer and (with ``types``) the parameter types of the
+        columns it reads, known without charging or reading a private row (Describe;
+        :mod:`dpsql.pgwire.describe`)."""
+        keyword = statement.keyword
+        if not keyword or keyword in _TRANSACTION_TAGS or keyword in ("SET", "RESET", "DISCARD", "DEALLOCATE"):
+            return Described(None)
+        if keyword in ("SHOW", "EXPLAIN"):  # a setting, the budget, a dry run: nothing charged
+            outcome = self._answer(statement, sql)
+            return Described(outcome.columns, outcome=outcome)
+        tree = _parse(sql)
+        if _explain_call(tree) is not None:
+            return Described([m.Column("QUERY PLAN", m.TEXT)])
+        if tree is not None and cat.is_catalog_query(tree, self.server.catalog.tables):
+            outcome = _table_outcome(self.server.catalog.answer(tree))
+            return Described(outcome.columns, outcome=outcome)
+        policy = self.server.service.policy
+        if (tree is not None and _public_only(tree, policy)) or references_local_table(sql, policy):
+            outcome = self._query(sql)  # public rows, or post-processing of local reports: free
+            return Described(outcome.columns, self._public_types(tree) if types else {}, outcome)
+        epsilon, delta = self._amounts(sql)
+        plan = self.server.service.connection(self.user).plan(sql, epsilon=epsilon, delta=delta, dialect="postgres")
+        columns = self.server.describer.columns(plan, accuracy=self._setting("dpsql.accuracy") == "on",
+                                                bias=self._setting("dpsql.bias") == "on")
+        return Described(columns, column_types(plan))
+
+    def _public_types(self, tree: exp.Expr | None) -> dict[str, int]:
+        """The parameter types of the public tables' columns, from their (public, free) columns."""
+        seen: dict[str, set[int]] = {}
+        for table in {t.name for t in tree.find_all(exp.Table)} if tree is not None else ():
+            empty = self._query(f"SELECT * FROM {exp.to_identifier(table, quoted=True).sql()} LIMIT 0")
+            for column in empty.columns or ():
+                seen.setdefault(column.name.casefold(), set()).add(parameter_type(column.oid))
+        return {name: kinds.pop() for name, kinds in seen.items() if len(kinds) == 1}
 
     def _result_outcome(self, result: Result) -> Outcome:
         table = result.arrow()
@@ -340,8 +390,25 @@ def _explain_call(tree: exp.Expr | None) -> str | None:
     return None
 
 
+def _public_only(tree: exp.Expr, policy: Any) -> bool:
+    """Whether every table ``tree`` reads is a public table of the policy (its answer is
+    exact, free and reads no private row)."""
+    ctes = {cte.alias_or_name.casefold() for cte in tree.find_all(exp.CTE)}
+    tables = [t for t in tree.find_all(exp.Table) if t.name.casefold() not in ctes]
+    if not tables:
+        return False
+    for table in tables:
+        entry = policy.table(table.name) if isinstance(table.this, exp.Identifier) else None
+        if entry is None or not entry.public:
+            return False
+    return True
+
+
 def _table_outcome(table: pa.Table, tag: str | None = None) -> Outcome:
-    return Outcome(tag or f"SELECT {table.num_rows}", m.columns_of(table.schema), m.rows_of(table))
+    columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    values = [list(row) for row in zip(*columns)] if columns else []
+    rows = [[m.text_value(v) for v in row] for row in values]
+    return Outcome(tag or f"SELECT {table.num_rows}", m.columns_of(table.schema), rows, values=values)
 
 
 def _with_intervals(result: Result) -> pa.Table:

@@ -17,6 +17,7 @@ from dpsql.auth import TokenVerifier
 from dpsql.errors import Error
 from dpsql.pgwire import messages as m
 from dpsql.pgwire.catalog import Catalog
+from dpsql.pgwire.describe import Describer
 from dpsql.pgwire.scram import VerifierStore
 from dpsql.pgwire.session import Session
 
@@ -39,6 +40,7 @@ class PgServer:
         self.verifier = verifier
         self.scram = VerifierStore(auth)
         self.catalog = Catalog(service.policy)  # type: ignore[attr-defined]
+        self.describer = Describer()
         self.tls = _tls_context(tls_cert, tls_key)
         self.idle_timeout = IDLE_TIMEOUT_SECONDS
         self.auth_floor_seconds = AUTH_FLOOR_SECONDS
@@ -49,6 +51,7 @@ class PgServer:
             self._listener = socket.create_server((host, port), reuse_port=False)
         except OSError as exc:
             self.catalog.close()
+            self.describer.close()
             raise Error(f"cannot serve Postgres on {host}:{port}: {exc.strerror or exc}. "
                         "Is another server using that port? Pick another with --pg-port.") from None
         self._listener.settimeout(0.5)
@@ -115,6 +118,7 @@ class PgServer:
             except OSError:
                 pass
         self.catalog.close()
+        self.describer.close()
 
 
 def _refuse(sock: socket.socket, sqlstate: str, text: str) -> None:

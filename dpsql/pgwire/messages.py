@@ -173,15 +173,99 @@ class Column:
     oid: int
 
 
-def row_description(columns: Sequence[Column]) -> bytes:
+def row_description(columns: Sequence[Column], formats: Sequence[int] = ()) -> bytes:
+    """RowDescription; ``formats``: each column's format code as Bind asked (0 text, 1 binary)."""
     parts = [struct.pack("!h", len(columns))]
-    for col in columns:
-        parts.append(cstr(col.name) + struct.pack("!ihihih", 0, 0, col.oid, _TYPE_SIZES.get(col.oid, -1), -1, 0))
+    for i, col in enumerate(columns):
+        code = format_of(formats, i)
+        parts.append(cstr(col.name) + struct.pack("!ihihih", 0, 0, col.oid, _TYPE_SIZES.get(col.oid, -1), -1, code))
     return message(b"T", b"".join(parts))
+
+
+def format_of(formats: Sequence[int], index: int) -> int:
+    """Column ``index``'s format code: Bind gives none (all text), one (for all), or one each."""
+    if not formats:
+        return 0
+    return formats[0] if len(formats) == 1 else formats[index]
 
 
 def parameter_description(oids: Sequence[int]) -> bytes:
     return message(b"t", struct.pack("!h", len(oids)) + b"".join(struct.pack("!i", o) for o in oids))
+
+
+def binary_row(values: Sequence[Any], columns: Sequence[Column], formats: Sequence[int]) -> bytes:
+    """A DataRow of Python values, each column in its format: text, or Postgres's binary
+    format of the column's announced type."""
+    cells: list[bytes | None] = []
+    for i, (value, col) in enumerate(zip(values, columns)):
+        if value is None:
+            cells.append(None)
+        elif format_of(formats, i) == 1:
+            cells.append(binary_value(value, col.oid))
+        else:
+            cells.append(_text(value).encode("utf-8"))
+    return data_row(cells)
+
+
+_EPOCH_DATE = datetime.date(2000, 1, 1)
+_EPOCH = datetime.datetime(2000, 1, 1)
+_PACKED = {INT2: "!h", INT4: "!i", INT8: "!q", OID: "!I"}
+
+
+def binary_value(value: Any, oid: int) -> bytes:
+    """``value`` in Postgres's binary format for type ``oid`` (the types :func:`oid_for` gives)."""
+    if oid == BOOL:
+        return b"\x01" if value else b"\x00"
+    if oid in _PACKED:
+        return struct.pack(_PACKED[oid], int(value))
+    if oid == FLOAT8:
+        return struct.pack("!d", float(value))
+    if oid == FLOAT4:
+        return struct.pack("!f", float(value))
+    if oid == NUMERIC:
+        return _numeric(decimal.Decimal(str(value)) if isinstance(value, float) else decimal.Decimal(value))
+    if oid == DATE:
+        return struct.pack("!i", (value - _EPOCH_DATE).days)
+    if oid in (TIMESTAMP, TIMESTAMPTZ):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.UTC).replace(tzinfo=None)
+        delta = value - _EPOCH
+        return struct.pack("!q", (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds)
+    if oid == TIME:
+        return struct.pack("!q", ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond)
+    if oid == BYTEA:
+        return bytes(value)
+    return _text(value).encode("utf-8")
+
+
+def _numeric(number: decimal.Decimal) -> bytes:
+    """NUMERIC's binary format: base-10000 digits, weight, sign, display scale."""
+    if number.is_nan():
+        return struct.pack("!hhHh", 0, 0, 0xC000, 0)
+    if number.is_infinite():
+        return struct.pack("!hhHh", 0, 0, 0xD000 if number > 0 else 0xF000, 0)
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)
+    scale = max(0, -exponent)
+    text = "".join(map(str, digits))
+    if exponent > 0:
+        text += "0" * exponent
+    text = text.rjust(scale + 1, "0")  # 0.00012: digits 12, scale 5
+    whole, fraction = (text[:len(text) - scale] or "0"), text[len(text) - scale:] if scale else ""
+    whole = whole.lstrip("0")
+    whole = "0" * (-len(whole) % 4) + whole
+    fraction = fraction + "0" * (-len(fraction) % 4)
+    groups = [int(whole[i:i + 4]) for i in range(0, len(whole), 4)] + [int(fraction[i:i + 4]) for i in range(0, len(fraction), 4)]
+    weight = len(whole) // 4 - 1
+    while groups and groups[0] == 0:  # leading zero groups
+        groups.pop(0)
+        weight -= 1
+    while groups and groups[-1] == 0:
+        groups.pop()
+    if not groups:
+        weight = 0
+    return struct.pack("!hhHh", len(groups), weight, 0x4000 if sign else 0, scale) + b"".join(
+        struct.pack("!H", g) for g in groups)
 
 
 def data_row(values: Iterable[bytes | None]) -> bytes:

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dpsql.errors import AuthenticationError
+from dpsql.errors import AuthenticationError, QueryFailed
+from dpsql.pgwire import describe
 from dpsql.pgwire import messages as m
 from dpsql.pgwire import statements as st
 from dpsql.pgwire.answer import (
@@ -43,13 +44,19 @@ __all__ = ["AUTH_TIMEOUT_SECONDS", "Host", "Outcome", "Refusal", "Session"]
 class Prepared:
     statement: st.Statement
     oids: list[int]
+    columns: list[m.Column] | None = None
+    described: bool = False  # its RowDescription went to the client: every execution keeps it
+    shape: tuple[str, str] = ("", "")  # dpsql.accuracy and dpsql.bias when it was described
 
 
 @dataclass
 class Portal:
     prepared: Prepared
     sql: str
+    formats: list[int]
     outcome: Outcome | None = None
+    columns: list[m.Column] | None = None
+    described: bool = False
 
 
 class Session(Answering):
@@ -290,36 +297,96 @@ class Session(Answering):
                 except UnicodeDecodeError:
                     raise st.BadParameter(f"parameter ${i + 1} is not valid UTF-8.") from None
         result_formats = [fields.int16() for _ in range(max(fields.int16(), 0))]
-        if any(f != 0 for f in result_formats):
-            raise Refusal("0A000", "dpsql sends results in text format only; ask your driver for text results.")
+        if any(f not in (0, 1) for f in result_formats):
+            raise Refusal("08P01", "result format codes are 0 (text) or 1 (binary).")
         if len(values) != len(prepared.oids):
             raise Refusal("08P01", f"the statement takes {len(prepared.oids)} parameters, {len(values)} were bound")
         sql = st.bind(prepared.statement.text, values, prepared.oids) if values else prepared.statement.text
-        self._remember(self._portals, portal_name, Portal(prepared, sql))
+        self._remember(self._portals, portal_name, Portal(prepared, sql, result_formats))
         self._out.append(m.message(b"2"))
 
     def _describe(self, fields: m.Fields) -> None:
+        """Describe a statement or a portal: its columns from the plan (charging nothing,
+        reading no private row; :mod:`dpsql.pgwire.describe`), never by running it."""
         what, name = fields.byte(), fields.cstring()
         if what == b"S":
             prepared = self._prepared.get(name)
             if prepared is None:
                 raise Refusal("26000", f"prepared statement {name!r} does not exist")
+            self._describe_statement(prepared)
             self._out.append(m.parameter_description(prepared.oids))
-            self._out.append(m.message(b"n"))  # columns are known only once the query has run
+            self._out.append(m.row_description(prepared.columns) if prepared.columns is not None else m.message(b"n"))
             return
         portal = self._portal(name)
-        outcome = self._outcome(portal)
-        self._out.append(m.row_description(outcome.columns) if outcome.columns is not None else m.message(b"n"))
+        columns = self._portal_columns(portal)
+        portal.described = True
+        if columns is None:
+            self._out.append(m.message(b"n"))
+            return
+        if len(portal.formats) > 1 and len(portal.formats) != len(columns):
+            raise Refusal("08P01", f"Bind gave {len(portal.formats)} result formats for {len(columns)} columns")
+        self._out.append(m.row_description(columns, portal.formats))
+
+    def _describe_statement(self, prepared: Prepared) -> None:
+        """The statement's columns, with its parameters NULL, and the types of the parameters
+        the client left untyped (from the columns they are compared with)."""
+        if prepared.described:
+            return
+        statement = prepared.statement
+        sql = statement.text
+        if prepared.oids:  # NULL, but 1 for a LIMIT or OFFSET (which NULL would not be)
+            typed = describe.parameter_types(sql, prepared.oids, {})
+            values = ["1" if limit else None for limit in describe.limit_parameters(sql, len(prepared.oids))]
+            sql = st.bind(sql, values, [m.INT8 if v else oid for v, oid in zip(values, typed)])
+        described = self._columns(statement, sql)
+        prepared.columns = described.columns
+        prepared.shape = self._shape()
+        prepared.oids = describe.parameter_types(statement.text, prepared.oids, described.types)
+        prepared.described = True
+
+    def _portal_columns(self, portal: Portal) -> list[m.Column] | None:
+        """The portal's columns; those of its statement when the statement was described
+        (refused, before it runs, if its parameters would change them)."""
+        if portal.columns is None:
+            prepared = portal.prepared
+            if prepared.described and prepared.shape != self._shape():
+                raise Refusal("0A000", "cached plan must not change result type: dpsql.accuracy or dpsql.bias "
+                              "changed since the statement was described; prepare it again.")
+            if prepared.described and not prepared.oids:
+                portal.columns = prepared.columns
+            else:
+                described = self._columns(prepared.statement, portal.sql, types=False)
+                portal.columns = described.columns
+                if portal.outcome is None and described.outcome is not None:
+                    portal.outcome = described.outcome  # answered to be described (free): not again
+            if prepared.described and portal.columns != prepared.columns:
+                raise Refusal("0A000", "the bound parameters change the statement's result columns "
+                              "(a parameter in the select list?): cast it, e.g. $1::float8, or prepare the "
+                              "statement again.")
+        return portal.columns
+
+    def _shape(self) -> tuple[str, str]:
+        """The settings that add result columns."""
+        return self._setting("dpsql.accuracy"), self._setting("dpsql.bias")
 
     def _execute(self, fields: m.Fields) -> None:
         portal = self._portal(fields.cstring())
         limit = fields.int32()
+        announced = self._portal_columns(portal) if portal.described or portal.prepared.described else None
         outcome = self._outcome(portal)
         if outcome.empty:
             self._out.append(m.message(b"I"))
             return
+        if announced is not None and outcome.sent == 0 and outcome.columns is not None:
+            outcome = portal.outcome = conform(outcome, announced)
+        columns = outcome.columns or []
+        binary = any(m.format_of(portal.formats, i) == 1 for i in range(len(columns)))
         end = len(outcome.rows) if limit <= 0 else min(len(outcome.rows), outcome.sent + limit)
-        self._out.extend(m.data_row(row) for row in outcome.rows[outcome.sent:end])
+        if binary and outcome.values is not None:
+            values = outcome.values
+            self._out.extend(m.binary_row(row, columns, portal.formats) for row in values[outcome.sent:end])
+        else:  # text, or text columns only (SHOW, EXPLAIN), whose binary format is their text
+            self._out.extend(m.data_row(row) for row in outcome.rows[outcome.sent:end])
         outcome.sent = end
         if end < len(outcome.rows):
             self._out.append(m.message(b"s"))
@@ -348,6 +415,38 @@ class Session(Answering):
         if name not in book and len(book) >= _MAX_STATEMENTS:
             raise Refusal("53000", f"more than {_MAX_STATEMENTS} prepared statements or portals; close some.")
         book[name] = value
+
+
+def conform(outcome: Outcome, announced: list[m.Column]) -> Outcome:
+    """``outcome`` with the columns a Describe announced, in order: a ``_bias`` column the
+    answer has no cells for (no rows) is NULL. Raises the charged :class:`dpsql.QueryFailed`
+    (the query ran) if the answer's columns do not read as announced; the describe tests
+    keep that from happening."""
+    actual = outcome.columns or []
+    picks: list[int | None] = []
+    at = 0
+    for column in announced:
+        if at < len(actual) and actual[at].name == column.name:
+            if not describe.compatible(column.oid, actual[at].oid):
+                break
+            picks.append(at)
+            at += 1
+        elif column.name.endswith("_bias"):
+            picks.append(None)
+        else:
+            break
+    if len(picks) != len(announced) or at != len(actual):
+        log.error("pg answer's columns %s differ from the described %s", [(c.name, c.oid) for c in actual],
+                  [(c.name, c.oid) for c in announced])
+        raise QueryFailed()
+    if picks == list(range(len(actual))) and all(a.oid == c.oid for a, c in zip(actual, announced)):
+        return outcome
+
+    def pick(row: list[Any]) -> list[Any]:
+        return [None if i is None else row[i] for i in picks]
+
+    values = None if outcome.values is None else [pick(row) for row in outcome.values]
+    return Outcome(outcome.tag, list(announced), [pick(row) for row in outcome.rows], outcome.sent, outcome.empty, values)
 
 
 def _startup_parameters(body: bytes) -> dict[str, str]:

@@ -171,11 +171,17 @@ _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 def parameter_count(sql: str) -> int:
     """The highest ``$n`` in ``sql`` (0 when none)."""
     highest = 0
-    for token in _tokens(sql):
-        if token.token_type == TokenType.PARAMETER or token.text.startswith("$"):
-            digits = token.text.lstrip("$")
-            if digits.isdigit():
-                highest = max(highest, int(digits))
+    tokens = _tokens(sql)
+    for i, token in enumerate(tokens):
+        digits = ""
+        if token.token_type == TokenType.PARAMETER and token.text[1:].isdigit():  # one token: $1
+            digits = token.text[1:]
+        elif token.token_type == TokenType.PARAMETER and token.text == "$" and i + 1 < len(tokens):
+            following = tokens[i + 1]  # sqlglot 30 reads $1 as '$' then the number 1
+            if following.token_type == TokenType.NUMBER and following.start == token.end + 1:
+                digits = following.text
+        if digits.isdigit():
+            highest = max(highest, int(digits))
     return highest
 
 

@@ -30,6 +30,9 @@ class ServerLimits:
             of a tenth of it at once); explain and budget calls are not counted.
         deadline_slack: How much slower than the machine's measured speed a query may run
             before it is interrupted at its deadline (:mod:`dpsql.timing`).
+        deadline_margin_ms: Milliseconds added to every modelled deadline (scheduler jitter,
+            an interrupt landing, a slow fsync); the server's log says at stop how much of
+            their deadlines answers used (:class:`~dpsql.timing.DeadlineUsage`).
         deadline_ms: A fixed deadline for every query instead of the measured model.
         deadline_base_ms, deadline_ms_per_million_rows: the speed model itself (both or
             neither), instead of measuring it when the server starts: deadlines then do not
@@ -38,6 +41,7 @@ class ServerLimits:
 
     queries_per_minute: int = 600
     deadline_slack: float = 3.0
+    deadline_margin_ms: float = 20.0
     deadline_ms: float | None = None
     deadline_base_ms: float | None = None
     deadline_ms_per_million_rows: float | None = None

@@ -47,7 +47,8 @@ _TOP_KEYS = ("budget", "privacy", "server", "tables")
 _PRIVACY_KEYS = (
     "accountant", "default_epsilon", "max_delta_per_query", "max_epsilon_per_query", "min_epsilon_per_query",
 )
-_SERVER_KEYS = ("deadline_base_ms", "deadline_ms", "deadline_ms_per_million_rows", "deadline_slack", "queries_per_minute")
+_SERVER_KEYS = ("deadline_base_ms", "deadline_margin_ms", "deadline_ms", "deadline_ms_per_million_rows", "deadline_slack",
+                "queries_per_minute")
 _BUDGET_KEYS = ("analysts", "default")
 _BUDGET_VALUE_KEYS = ("delta", "epsilon")
 
@@ -191,6 +192,11 @@ def _parse_server(where: _Where, raw: object) -> ServerLimits:
         slack = _finite_number(where, "deadline_slack", body["deadline_slack"])
         if slack < 1:
             raise where.error(f"deadline_slack must be at least 1 (1 = no room over the measured speed), got {slack}")
+    margin = limits.deadline_margin_ms
+    if "deadline_margin_ms" in body:
+        margin = float(_finite_number(where, "deadline_margin_ms", body["deadline_margin_ms"]))
+        if margin < 0:
+            raise where.error(f"deadline_margin_ms must be a number of milliseconds >= 0, got {margin}")
     times: dict[str, float | None] = {}
     for key in ("deadline_ms", "deadline_base_ms", "deadline_ms_per_million_rows"):
         value = None
@@ -202,7 +208,7 @@ def _parse_server(where: _Where, raw: object) -> ServerLimits:
     if (times["deadline_base_ms"] is None) != (times["deadline_ms_per_million_rows"] is None):
         raise where.error("give both deadline_base_ms and deadline_ms_per_million_rows (the speed model), or neither "
                           "(the server then measures this machine when it starts)")
-    return ServerLimits(queries_per_minute=rate, deadline_slack=float(slack), **times)
+    return ServerLimits(queries_per_minute=rate, deadline_slack=float(slack), deadline_margin_ms=margin, **times)
 
 
 def _parse_budgets(where: _Where, raw: object) -> tuple[Budget, dict[str, Budget]]:

@@ -333,7 +333,12 @@ def test_the_speed_model_can_be_pinned_in_the_policy() -> None:
     con = duckdb.connect()
     con.execute("CREATE TABLE t AS SELECT range AS u, 1.0 AS x, 'z' AS zip, 'n' AS note FROM range(100)")
     timing = server_timing(pinned, DuckDBEngine(con))
-    assert (timing.model.base, timing.model.per_row, timing.model.slack) == (0.02, 5e-7, 3.0)
+    assert (timing.model.base, timing.model.per_row, timing.model.slack, timing.model.margin) == (0.02, 5e-7, 3.0, 0.02)
+    margin = policy(TABLES + "\n[server]\ndeadline_base_ms = 20\ndeadline_ms_per_million_rows = 500\n"
+                             "deadline_margin_ms = 7.5\n")
+    assert server_timing(margin, DuckDBEngine(con)).model.margin == 0.0075
+    with pytest.raises(dpsql.PolicyError, match="deadline_margin_ms must be a number of milliseconds >= 0"):
+        policy(TABLES + "\n[server]\ndeadline_margin_ms = -1\n")
     with pytest.raises(dpsql.PolicyError, match="give both deadline_base_ms and deadline_ms_per_million_rows"):
         policy(TABLES + "\n[server]\ndeadline_base_ms = 20\n")
     with pytest.raises(dpsql.PolicyError, match="deadline_ms must be a positive"):
