@@ -5,7 +5,7 @@ The policy has one central table (``visits``, of the demo database) and four loc
 one per mechanism: ``telemetry`` (adaptive range and GRR), ``survey`` (adaptive range),
 ``apps`` (OUE: 250 categories at eps 1, so 6 padding bits a row) and ``cities`` (OLH: 300 categories at eps ln 3,
 where OLH ties OUE and wins). The server's speed model is pinned, so it starts without
-measuring the machine.
+measuring the machine; its slack and margin are generous (:mod:`deadline_helpers`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/test_server.py
 
+from deadline_helpers import generous_deadlines  # noqa: E402
 from dpsql.auth import create_token  # noqa: E402
 from dpsql.demo import make_demo_database  # noqa: E402
 from dpsql.pgwire.scram import store_verifier  # noqa: E402
@@ -89,6 +90,7 @@ def make_setup(home: Path, reporters: int = 4) -> Setup:
     make_demo_database(db, rows=2_000, units=200)
     policy = home / "policy.toml"
     policy.write_text(POLICY_TEXT)
+    generous_deadlines(policy, policy)  # the server tests using it are not about timing
     auth, report_auth = home / "auth.toml", home / "reporters.toml"
     analyst = _token(auth, "alice")
     tokens = tuple(_token(report_auth, f"device-group-{i}") for i in range(reporters))

@@ -27,6 +27,9 @@ import dpsql
 from dpsql.auth import create_token, revoke_token
 from dpsql.server import Request
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from deadline_helpers import generous_deadlines  # noqa: E402
+
 pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,12 +50,14 @@ REFUSED = [
 
 
 class ServerProcess:
-    """``python -m dpsql serve`` in a child process; its log goes to a file."""
+    """``python -m dpsql serve`` in a child process; its log goes to a file. The demo policy
+    with generous deadlines (:mod:`deadline_helpers`): these tests are not about timing."""
 
     def __init__(self, db: Path, ledger: Path, auth: Path, log: Path, *extra: str) -> None:
         self.log = log
+        policy = generous_deadlines(POLICY, log.with_name(log.stem + "-policy.toml"))
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        command = [sys.executable, "-m", "dpsql", "serve", "--db", str(db), "--policy", str(POLICY),
+        command = [sys.executable, "-m", "dpsql", "serve", "--db", str(db), "--policy", str(policy),
                    "--ledger", str(ledger), "--auth", str(auth), "--host", "127.0.0.1", "--port", "0", *extra]
         with open(log, "ab") as err:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)

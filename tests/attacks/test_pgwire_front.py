@@ -21,6 +21,7 @@ psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is in the test extra"
 
 from dpsql.pgwire import statements  # noqa: E402
 from dpsql.pgwire.catalog import is_catalog_query  # noqa: E402
+from deadline_helpers import generous_deadlines  # noqa: E402
 from pgwire_helpers import DEMO_POLICY, PgServerProcess, token_for  # noqa: E402
 
 pytestmark = [pytest.mark.attack, pytest.mark.server]
@@ -32,7 +33,8 @@ def server(tmp_path_factory: pytest.TempPathFactory,
     home = tmp_path_factory.mktemp("pgwire-attack")
     auth = home / "auth.toml"
     token = token_for(auth, "mallory")
-    process = PgServerProcess(demo_database(2_000, 200), DEMO_POLICY, home / "ledger.sqlite", auth, home / "server.log")
+    policy = generous_deadlines(DEMO_POLICY, home / "policy.toml")  # not about timing (the auth floor is not a deadline)
+    process = PgServerProcess(demo_database(2_000, 200), policy, home / "ledger.sqlite", auth, home / "server.log")
     try:
         yield process, token
     finally:
