@@ -286,10 +286,10 @@ def _cpu_seconds(pid: int, clients: Collection[int] = ()) -> tuple[float, float,
         used = (int(fields[11]) + int(fields[12])) / tick
         if int(entry) == pid:
             server += used
+        elif int(entry) in clients:  # before the children: a client may be one
+            others += used
         elif int(fields[1]) == pid:  # fields[1]: the parent's pid
             workers += used
-        elif int(entry) in clients:
-            others += used
     return server, workers, others
 
 

@@ -104,20 +104,10 @@ def client(location: str, token: str, seconds: float, start: Any, out: Any) -> N
 
 
 def cpu(pid: int, clients: list[int]) -> tuple[float, float]:
-    tick = os.sysconf("SC_CLK_TCK")
-    own = children = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        used = (int(fields[11]) + int(fields[12])) / tick
-        if int(entry) == pid:
-            own += used
-        elif int(fields[1]) == pid and int(entry) not in clients:
-            children += used
+    """CPU seconds of this process and of its children but the clients (bench_server's reader)."""
+    from bench_server import _cpu_seconds  # noqa: PLC0415
+
+    own, children, _ = _cpu_seconds(pid, clients)
     return own, children
 
 

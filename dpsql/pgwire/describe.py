@@ -160,26 +160,34 @@ def parameter_types(sql: str, declared: Sequence[int], types: Mapping[str, int])
     with (``types``: casefolded column name -> its parameters' type, where the name has one),
     else text."""
     out = [oid or m.TEXT for oid in declared]
+    for i, node in _numbered_placeholders(sql, len(out)):
+        if declared[i]:
+            continue
+        if isinstance(node.parent, (exp.Limit, exp.Offset)):
+            out[i] = m.INT8
+        elif isinstance(node.parent, (exp.PercentileCont, exp.PercentileDisc)):  # the fraction
+            out[i] = m.FLOAT8
+        elif isinstance(node.parent, exp.Cast) and isinstance(node.parent.to, exp.DataType):  # $1::int
+            out[i] = oid_of_engine_type(node.parent.to.sql(dialect="duckdb"))
+        else:
+            column = _compared_column(node)
+            if column is not None and column.name.casefold() in types:
+                out[i] = types[column.name.casefold()]
+    return out
+
+
+def _numbered_placeholders(sql: str, count: int) -> list[tuple[int, exp.Expr]]:
+    """``$n`` placeholders of ``sql`` (read as Postgres SQL) with ``n`` in 1..``count``, as
+    (``n - 1``, node); none if the text does not parse (it is refused when it runs)."""
     try:
         tree = sqlglot.parse_one(sql, read="postgres")
     except (ParseError, TokenError):
-        return out
+        return []
+    out = []
     for node in placeholders(tree):
         digits = str(node.name or "").lstrip("$")
-        if not digits.isdigit() or not 1 <= int(digits) <= len(out) or declared[int(digits) - 1]:
-            continue
-        if isinstance(node.parent, (exp.Limit, exp.Offset)):
-            out[int(digits) - 1] = m.INT8
-            continue
-        if isinstance(node.parent, (exp.PercentileCont, exp.PercentileDisc)):  # the fraction
-            out[int(digits) - 1] = m.FLOAT8
-            continue
-        if isinstance(node.parent, exp.Cast) and isinstance(node.parent.to, exp.DataType):  # $1::int
-            out[int(digits) - 1] = oid_of_engine_type(node.parent.to.sql(dialect="duckdb"))
-            continue
-        column = _compared_column(node)
-        if column is not None and column.name.casefold() in types:
-            out[int(digits) - 1] = types[column.name.casefold()]
+        if digits.isdigit() and 1 <= int(digits) <= count:
+            out.append((int(digits) - 1, node))
     return out
 
 
@@ -202,14 +210,9 @@ def placeholder_values(sql: str, types: Sequence[int], *, samples: bool) -> list
     parameter's type (0.5 for a fraction, 1 for an integer ...: a NULL ``PERCENTILE_CONT($1)``
     is refused), text still NULL."""
     out: list[str | None] = [_SAMPLES.get(oid) if samples else None for oid in types]
-    try:
-        tree = sqlglot.parse_one(sql, read="postgres")
-    except (ParseError, TokenError):
-        return out
-    for node in placeholders(tree):
-        digits = str(node.name or "").lstrip("$")
-        if digits.isdigit() and 1 <= int(digits) <= len(out) and isinstance(node.parent, (exp.Limit, exp.Offset)):
-            out[int(digits) - 1] = "1"
+    for i, node in _numbered_placeholders(sql, len(out)):
+        if isinstance(node.parent, (exp.Limit, exp.Offset)):
+            out[i] = "1"
     return out
 
 
