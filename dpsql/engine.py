@@ -70,9 +70,18 @@ class Prepared(str):
 
 
 def _literal_parameter(value: object) -> bool:
-    """Whether a parameter can be written into an ``EXECUTE`` as an integer literal (the
-    salts); a list parameter is bound instead."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Whether a parameter can be written into an ``EXECUTE`` as a literal: an integer (the
+    salts) or a string (a plan's literal parameters, :mod:`dpsql.rewrite.key`); a list
+    parameter is bound instead."""
+    return type(value) is int or type(value) is str
+
+
+def _execute_argument(value: object) -> str:
+    """A parameter as the ``EXECUTE`` literal: an integer in digits; a string written by
+    sqlglot's DuckDB writer, exactly as the bounded SQL would write that literal."""
+    if type(value) is int:
+        return str(value)
+    return exp.Literal.string(str(value)).sql(dialect="duckdb")
 
 
 
@@ -269,7 +278,7 @@ class DuckDBEngine:
             return None
         if not params:
             return f"EXECUTE {name}"
-        return f"EXECUTE {name}(" + ", ".join(f"{k} := {int(v)}" for k, v in params.items()) + ")"  # type: ignore[call-overload]
+        return f"EXECUTE {name}(" + ", ".join(f"{k} := {_execute_argument(v)}" for k, v in params.items()) + ")"
 
     def shown_sql(self, query: exp.Expression) -> str:
         return query.sql(dialect=self.dialect, pretty=True)

@@ -25,7 +25,7 @@ from dpsql.plan import QueryPlan
 from dpsql.release import noisy_table
 from dpsql.release.udf import UDF
 from dpsql.rewrite import Bounded, bounded_query, value_query
-from dpsql.rewrite.key import bounding_key
+from dpsql.rewrite.key import keyed, parameterized
 
 __all__ = ["Reader"]
 
@@ -50,7 +50,7 @@ class Reader:
         self._engine = engine
         self._source = source
         self._udfs: Mapping[str, UDF] = {} if udfs is None else udfs
-        self._prepared: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded]] = {}
+        self._prepared: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded, dict[str, str]]] = {}
         self._by_key: dict[Hashable, tuple[exp.Expression | str, Bounded]] = {}
         self._lock = threading.Lock()
 
@@ -65,8 +65,8 @@ class Reader:
             QueryFailed: reading or noising failed, whatever the cause.
         """
         try:
-            prepared, bounded = self._bounded(plan)
-            exact = self._engine.run(prepared, bounded.arguments())
+            prepared, bounded, literals = self._bounded(plan)
+            exact = self._engine.run(prepared, {**bounded.arguments(), **literals})
             if late is None or not late.is_set():
                 return self._noisy(plan, exact)
         except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
@@ -79,28 +79,31 @@ class Reader:
         queries kept by bounding key stay (they belong to no plan)."""
         self._prepared.clear()
 
-    def _bounded(self, plan: QueryPlan) -> tuple[exp.Expression | str, Bounded]:
-        """The bounded query as the engine runs it, its salts left as parameters: prepared
-        once per plan (a plan is immutable; generating SQL is most of a small query's fixed
-        cost), with the parameter names rewrite reported. A new plan with the bounding key
-        of one seen before (another alias, epsilon, ORDER BY ...: :mod:`dpsql.rewrite.key`)
-        shares its query: the tree is neither built nor written again."""
+    def _bounded(self, plan: QueryPlan) -> tuple[exp.Expression | str, Bounded, dict[str, str]]:
+        """The bounded query as the engine runs it, its salts left as parameters, and the
+        plan's literal parameters: prepared once per plan (a plan is immutable; generating
+        SQL is most of a small query's fixed cost), with the parameter names rewrite
+        reported. A new plan with the bounding key of one seen before (another alias,
+        epsilon, ORDER BY, comparison constant ...: :mod:`dpsql.rewrite.key`) shares its
+        query: the tree is neither built nor written again, and only its literal
+        parameters (the plan's own constants, bound as VARCHAR values) differ."""
         held = self._prepared.get(id(plan))
         if held is None or held[0] is not plan:
-            key = bounding_key(plan)
+            found = keyed(plan)
+            key, literals = found if found is not None else (None, {})
             with self._lock:
                 shared = self._by_key.pop(key, None) if key is not None else None
             if shared is None:
-                bounded = bounded_query(plan, list_parameters=True)
+                bounded = bounded_query(parameterized(plan) if literals else plan, list_parameters=True)
                 shared = (self._engine.prepare(bounded.query), bounded)
             if key is not None:
                 with self._lock:  # reads on several threads (deadlines) share this cache
                     if len(self._by_key) >= _BOUNDED:
                         self._by_key.pop(next(iter(self._by_key)))
                     self._by_key[key] = shared  # most recently used last
-            held = (plan, *shared)
+            held = (plan, *shared, literals)
             self._prepared[id(plan)] = held
-        return held[1], held[2]
+        return held[1], held[2], held[3]
 
     def _noisy(self, plan: QueryPlan, exact: pa.Table) -> tuple[pa.Table, dict[str, list[object]]]:
         """Noisy aggregates, fetching first the values order statistics and UDFs read."""

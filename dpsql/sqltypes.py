@@ -49,8 +49,8 @@ import sqlglot.expressions as exp
 from dpsql.errors import InternalError
 
 __all__ = [
-    "BIGINT", "BOOLEAN", "DOUBLE", "NULL", "TIMESTAMP", "VARCHAR", "Operand", "SqlType", "cast",
-    "common_number", "common_temporal", "number_literal", "parse_type",
+    "BIGINT", "BOOLEAN", "CARRIED", "DOUBLE", "NULL", "TIMESTAMP", "VARCHAR", "Operand", "SqlType", "carried", "cast",
+    "common_number", "common_temporal", "is_carried", "number_literal", "parse_type",
 ]
 
 
@@ -252,6 +252,26 @@ def _build(target: SqlType) -> exp.DataType:
     return exp.DataType.build(target.name, dialect="duckdb")
 
 
+#: Meta data flag of a literal whose text the SQL carries only as a VARCHAR value of a
+#: decided type (see :func:`carried`).
+CARRIED = "dpsql_carried"
+
+
+def carried(literal: exp.Literal) -> exp.Literal:
+    """Mark ``literal`` (a string literal, in place) as *carried*: the analyzer decided
+    everything about it but its text, which the SQL uses only as a VARCHAR value, inside
+    the ``TRY_CAST`` to the type decided for it or compared as a string. Such a literal can
+    be a bound VARCHAR parameter with the same meaning (:mod:`dpsql.rewrite.key`): a new
+    constant then shares the bounded query of the old one (issue 16)."""
+    literal.meta[CARRIED] = True
+    return literal
+
+
+def is_carried(node: exp.Expr) -> bool:
+    """Whether ``node`` is a literal :func:`carried` marked."""
+    return isinstance(node, exp.Literal) and node._meta is not None and node._meta.get(CARRIED) is True
+
+
 def cast(operand: Operand, target: SqlType) -> exp.Expression:
     """``operand`` as a value of ``target``: unchanged if it is one already, else a
     TRY_CAST the comparison rules keep lossless (a DATE beyond TIMESTAMP's range becomes
@@ -259,8 +279,11 @@ def cast(operand: Operand, target: SqlType) -> exp.Expression:
     if operand.is_literal:
         if target.family in ("null", "string", "boolean") or operand.type.family == "boolean":
             assert operand.expr is not None
-            return operand.expr.copy()
-        return exp.TryCast(this=exp.Literal.string(operand.text or ""), to=_build(target))
+            copied = operand.expr.copy()
+            if target.family == "string" and isinstance(copied, exp.Literal) and copied.is_string:
+                return carried(copied)  # compared as VARCHAR, as written
+            return copied
+        return exp.TryCast(this=carried(exp.Literal.string(operand.text or "")), to=_build(target))
     assert operand.expr is not None
     if operand.type.name == target.name or target.family in ("null", "string", "boolean") \
             or operand.type.family == "null":

@@ -7,8 +7,10 @@ the same bounded query.
 - Each field the key leaves out (:data:`~dpsql.rewrite.key.UNREAD`), perturbed: the key and
   the bounded SQL stay the same (so leaving it out is sound).
 - Each field it keeps, perturbed: the key changes; literals keep their Python type.
-- Through the pipeline: a new alias or epsilon reuses the engine's prepared statement, a
-  new WHERE literal does not, and what runs is what ``bounded_query`` writes for that plan.
+- Through the pipeline: a new alias, epsilon or WHERE constant (a literal parameter,
+  ``tests/test_literal_parameters.py``) reuses the engine's prepared statement, a constant
+  of another decided type does not, and what runs is what ``bounded_query`` writes for
+  that plan's parameterized form.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import dpsql
 from dpsql.demo import demo_database
 from dpsql.plan import GaussianParams, GroupKey, LaplaceParams, Measurement, QueryPlan, Selection
 from dpsql.rewrite import bounded_query
-from dpsql.rewrite.key import UNREAD, bounding_key
+from dpsql.rewrite.key import UNREAD, bounding_key, parameterized
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
 from corpus_queries import CASES  # noqa: E402
@@ -35,8 +37,9 @@ BUDGETS = ((1.0, 1e-6), (0.3, 1e-6), (2.0, 0.0))
 
 
 def _bounded(plan: QueryPlan) -> tuple[str, tuple[str, ...], dict[str, list[object]]]:
-    """Everything a run takes from the bounded query: its text, salt names and lists."""
-    bounded = bounded_query(plan, list_parameters=True)
+    """Everything a run takes from the bounded query: its text, salt names and lists (its
+    literal parameters are the plan's own)."""
+    bounded = bounded_query(parameterized(plan), list_parameters=True)
     return bounded.query.sql(dialect="duckdb"), bounded.parameters, dict(bounded.lists)
 
 
@@ -192,9 +195,11 @@ def test_the_pipeline_reuses_a_bounded_query_across_aliases_and_budgets(tmp_path
             sql = query.replace("GROUP BY", f"WHERE age > {literal} GROUP BY")
             conn.execute(sql, epsilon=0.5).fetchall()
             plan = conn.plan(sql, epsilon=0.5)
-            assert engine.prepare(bounded_query(plan, list_parameters=True).query) in engine._statements  # type: ignore[attr-defined]
+            assert engine.prepare(bounded_query(parameterized(plan), list_parameters=True).query) in engine._statements  # type: ignore[attr-defined]
+        assert len(engine._statements) == 2  # type: ignore[attr-defined]
+        conn.execute(query.replace("GROUP BY", "WHERE age > 20.5 GROUP BY"), epsilon=0.5).fetchall()
         assert len(engine._statements) == 3  # type: ignore[attr-defined]
         # a plan at another epsilon: the text it runs is the one bounded_query writes for it
         plan = conn.plan(query.replace("COUNT(*)", "COUNT(*) AS m"), epsilon=0.25)
-        prepared, _ = conn._reader._bounded(plan)  # type: ignore[attr-defined]
-        assert prepared == engine.prepare(bounded_query(plan, list_parameters=True).query)
+        prepared, _, literals = conn._reader._bounded(plan)  # type: ignore[attr-defined]
+        assert prepared == engine.prepare(bounded_query(plan, list_parameters=True).query) and not literals

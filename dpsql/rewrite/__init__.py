@@ -33,6 +33,7 @@ from dpsql.plan import GroupKey, Measurement, QueryPlan, Source, ValueRelease
 from dpsql.rewrite.columns import Layout, Read, RowValue, layout
 from dpsql.rewrite.distinct import distinct_row_value, distinct_total, kept_values
 from dpsql.rewrite.groupcap import Listed, kept
+from dpsql.rewrite.key import LITERAL_PREFIX
 from dpsql.rewrite.nodes import alias as _alias
 from dpsql.rewrite.nodes import call as _func
 from dpsql.rewrite.nodes import cast as _cast
@@ -145,7 +146,9 @@ def bounded_query(plan: QueryPlan, salt: int | None = None, list_parameters: boo
     lists = {name: list(values) for name, _, _, values in listed}
     # The salts are read off the tree just built (not its text): whatever shape the steps
     # above take, every placeholder they wrote is listed once.
-    salts = tuple(dict.fromkeys(p.name for p in query.find_all(exp.Placeholder) if p.name not in lists))
+    # (The literal parameters of a parameterized plan, :mod:`dpsql.rewrite.key`, are the plan's, not salts.)
+    salts = tuple(dict.fromkeys(p.name for p in query.find_all(exp.Placeholder)
+                                if p.name not in lists and not p.name.startswith(LITERAL_PREFIX)))
     return Bounded(query, salts, lists)
 
 

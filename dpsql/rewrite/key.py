@@ -17,6 +17,15 @@ annotation and its meta data but for source positions (the writer reads a functi
 original name from the meta). Literals keep their Python type (``1``, ``1.0`` and ``True``
 are different keys). A value of a type not listed here makes the plan uncacheable
 (:func:`bounding_key` returns ``None``).
+
+*Carried* literals (:func:`dpsql.sqltypes.carried`: a comparison constant whose text the
+SQL uses only as a VARCHAR inside the ``TRY_CAST`` to the type the analyzer decided for
+it, or compared as a string) are, when the plan's engine binds parameters, keyed by
+position only: their texts are the plan's *literal parameters* (:func:`keyed`), and the
+bounded query is built from :func:`parameterized`, where each is ``CAST($__litN AS
+VARCHAR)``, the same value of the same type. A new constant then shares the query, and
+the engine's prepared statement, of the old one (issue 16); the type, which the analyzer
+derived from the constant, is in the tree, so in the key.
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ from enum import Enum
 import sqlglot.expressions as exp
 
 from dpsql.plan import Measurement, QueryPlan, Selection
+from dpsql.sqltypes import is_carried
 
-__all__ = ["UNREAD", "bounding_key"]
+__all__ = ["LITERAL_PREFIX", "UNREAD", "bounding_key", "keyed", "parameterized"]
 
 #: Per record type, the fields the bounded query does not read: the analyst's text and the
 #: output over the noisy table, the budget and the noise calibrated for it. (A
@@ -53,38 +63,125 @@ class _Unkeyable(Exception):
     """A value the key cannot represent exactly."""
 
 
+#: Name prefix of the literal parameters (``$__lit0`` ...) of a bounded query.
+LITERAL_PREFIX = "__lit"
+
+
+class _Keyer:
+    """One walk over a plan: its key, and its carried literals' texts in walk order when
+    ``parameters`` (else they are keyed by value like any literal)."""
+
+    def __init__(self, parameters: bool) -> None:
+        self.parameters = parameters
+        self.texts: list[str] = []
+
+    def value(self, value: object) -> Hashable:
+        kind = type(value)
+        if kind in _PLAIN:
+            return (kind, value)
+        if isinstance(value, exp.Expr):
+            return self.tree(value)
+        if kind is tuple or kind is list:
+            return (kind, tuple(self.value(v) for v in value))  # type: ignore[attr-defined]
+        if isinstance(value, Enum):
+            return (kind, value.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            unread = UNREAD.get(kind, frozenset())
+            return (kind, tuple((f.name, self.value(getattr(value, f.name)))
+                                for f in dataclasses.fields(value) if f.name not in unread))
+        raise _Unkeyable(kind.__name__)
+
+    def tree(self, node: exp.Expr) -> Hashable:
+        if self.parameters and is_carried(node):
+            self.texts.append(node.this)
+            return (_CARRIED, len(self.texts) - 1)
+        args = tuple((k, self.value(v)) for k, v in node.args.items())
+        meta = node._meta
+        extra: tuple[Hashable, ...] = ()
+        if node.comments or node._type is not None or meta:
+            positions = tuple((k, self.value(v)) for k, v in (meta or {}).items() if k not in _POSITIONS)
+            typed = self.tree(node._type) if node._type is not None else None
+            extra = (tuple(node.comments or ()), typed, positions)
+        return (type(node), args, extra)
+
+
+class _Carried:
+    """The key's mark of a literal parameter."""
+
+
+_CARRIED = _Carried
+
+
 def bounding_key(plan: QueryPlan) -> Hashable | None:
     """The plan's bounding key (see the module docstring); ``None`` when some value in it
     cannot be keyed exactly (the caller then builds the bounded query afresh)."""
+    found = keyed(plan)
+    return None if found is None else found[0]
+
+
+def keyed(plan: QueryPlan) -> tuple[Hashable, dict[str, str]] | None:
+    """The plan's bounding key and its literal parameters (name -> text; none unless the
+    plan's engine binds parameters), in one walk; ``None`` as for :func:`bounding_key`."""
+    keyer = _Keyer(plan.list_parameters)
     try:
-        return _value(plan)
+        key = keyer.value(plan)
     except (_Unkeyable, RecursionError):
         return None
+    return key, {f"{LITERAL_PREFIX}{i}": text for i, text in enumerate(keyer.texts)}
 
 
-def _value(value: object) -> Hashable:
+def parameterized(plan: QueryPlan) -> QueryPlan:
+    """``plan`` with each carried literal the key walk numbers (in the same order) written
+    as ``CAST($__litN AS VARCHAR)``: what :func:`dpsql.rewrite.bounded_query` builds the
+    shared query from. Trees holding one are copied; ``plan`` is not changed."""
+    if not plan.list_parameters:
+        return plan
+    counter = [0]
+    rebuilt = _rebuilt(plan, counter)
+    assert isinstance(rebuilt, QueryPlan)
+    return rebuilt
+
+
+def _rebuilt(value: object, counter: list[int]) -> object:
+    """``value`` with its carried literals replaced, walked as :meth:`_Keyer.value` walks."""
     kind = type(value)
-    if kind in _PLAIN:
-        return (kind, value)
+    if kind in _PLAIN or isinstance(value, Enum):
+        return value
     if isinstance(value, exp.Expr):
-        return _tree(value)
+        if not any(is_carried(n) for n in value.walk()):
+            return value
+        copied = value.copy()
+        return _replace(copied, counter)
     if kind is tuple or kind is list:
-        return (kind, tuple(_value(v) for v in value))  # type: ignore[attr-defined]
-    if isinstance(value, Enum):
-        return (kind, value.name)
+        return kind(_rebuilt(v, counter) for v in value)  # type: ignore[attr-defined]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         unread = UNREAD.get(kind, frozenset())
-        return (kind, tuple((f.name, _value(getattr(value, f.name)))
-                            for f in dataclasses.fields(value) if f.name not in unread))
-    raise _Unkeyable(kind.__name__)
+        changed = {}
+        for f in dataclasses.fields(value):
+            if f.name in unread:
+                continue
+            old = getattr(value, f.name)
+            new = _rebuilt(old, counter)
+            if new is not old:
+                changed[f.name] = new
+        return dataclasses.replace(value, **changed) if changed else value
+    return value
 
 
-def _tree(node: exp.Expr) -> Hashable:
-    args = tuple((k, _value(v)) for k, v in node.args.items())
-    meta = node._meta
-    extra: tuple[Hashable, ...] = ()
-    if node.comments or node._type is not None or meta:
-        positions = tuple((k, _value(v)) for k, v in (meta or {}).items() if k not in _POSITIONS)
-        typed = _tree(node._type) if node._type is not None else None
-        extra = (tuple(node.comments or ()), typed, positions)
-    return (type(node), args, extra)
+def _replace(node: exp.Expr, counter: list[int]) -> exp.Expr:
+    """``node`` (a copy) with its carried literals replaced in place, in the key's order
+    (arguments in order, depth first; type annotations and meta hold none)."""
+    if is_carried(node):
+        name = f"{LITERAL_PREFIX}{counter[0]}"
+        counter[0] += 1
+        return exp.Cast(this=exp.Placeholder(this=name), to=exp.DataType.build("VARCHAR"))
+    for key, child in list(node.args.items()):
+        if isinstance(child, exp.Expr):
+            new = _replace(child, counter)
+            if new is not child:
+                node.set(key, new)
+        elif isinstance(child, list):
+            items = [_replace(c, counter) if isinstance(c, exp.Expr) else c for c in child]
+            if any(a is not b for a, b in zip(items, child)):
+                node.set(key, items)
+    return node
