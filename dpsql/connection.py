@@ -58,6 +58,7 @@ from dpsql.local.query import references_local_table
 from dpsql.local.store import ReportStore, open_report_store
 from dpsql.noise import RandomSource
 from dpsql.plan import QueryPlan
+from dpsql.plancache import PlanCache
 from dpsql.policy import Policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema
@@ -135,6 +136,7 @@ class Connection:
         self._anchor_cache: str | None = None
         self._udfs: dict[str, UDF] = {}
         self._plans: dict[tuple[str, float | None, float | None, str | None, bool], QueryPlan] = {}
+        self._templates = PlanCache()
         self._reader = Reader(engine, noise_source, self._udfs)
         self._answers: RepeatCache | None = None
         self._timing = timing
@@ -184,7 +186,17 @@ class Connection:
         select = normalized.select if normalized is not None else None
         if public and select is not None and public_only(select, self._policy, self._engine.schema()):
             return select
-        plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=normalized, bias=bias)
+        # a question learned before with other constants or aliases: its plan, rebound
+        # (:mod:`dpsql.plancache`), and the refusals made after planning
+        plan, found = (self._templates.lookup(sql, normalized, key[1:]) if key is not None and normalized is not None
+                       else (None, None))
+        if plan is not None:
+            self._checked(plan)
+        else:
+            plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=normalized, bias=bias)
+            if found is not None and normalized is not None:
+                self._templates.learn(found, normalized, plan, lambda other: self._analyze(
+                    sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=other, bias=bias))
         if key is not None:
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.pop(next(iter(self._plans)))
@@ -204,7 +216,10 @@ class Connection:
                  dialect: str | None = None, normalized: Normalized | None = None, bias: bool = False) -> QueryPlan:
         """Analyze and bind ``sql``, then the refusals post-processing and the release
         would make, before any charge."""
-        plan = self._bound_plan(sql, epsilon, delta, dialect, normalized=normalized, bias=bias)
+        return self._checked(self._bound_plan(sql, epsilon, delta, dialect, normalized=normalized, bias=bias))
+
+    def _checked(self, plan: QueryPlan) -> QueryPlan:
+        """``plan``, after the refusals post-processing and the release would make."""
         self._post.check(plan, noisy_schema(plan))
         for release in plan.value_releases:  # refusals the release would make: before the charge
             check_strategy(release.target, plan.delta)
@@ -426,6 +441,7 @@ class Connection:
         udf = validate_udf(name, fn, bounds, local_sensitivity, strategy, time_limit=time_limit)
         self._udfs[udf.name] = udf
         self._plans.clear()
+        self._templates.clear()
         self._reader.forget()
 
     def _repeat_key(self, plan: QueryPlan) -> str:

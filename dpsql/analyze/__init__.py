@@ -44,7 +44,7 @@ from dpsql.normalize import Normalized, normalize, query_budget
 from dpsql.plan import QueryPlan, UDFSpec
 from dpsql.policy import Policy
 
-__all__ = ["RULES", "Context", "analyze", "resolve_budget"]
+__all__ = ["RULES", "Context", "analyze", "normalized_text", "resolve_budget"]
 
 
 
@@ -189,11 +189,11 @@ def _plan(ctx: Context) -> QueryPlan:
         sources=tuple(scope.sources),
         unit_is_row=ctx.primary.privacy_unit is None and scope.joined,
         value_releases=value_releases,
-        normalized=_normalized_text(restored(ctx)),
+        normalized=normalized_text(restored(ctx)),
     )
 
 
-def _normalized_text(select: exp.Select) -> str:
+def normalized_text(select: exp.Select) -> str:
     """The query as read, with identifiers unquoted and case-folded (dpsql resolves names
     case-insensitively) and comments dropped: the same question in any dialect or spelling
     has one text (the repeat store's key, :func:`dpsql.repeats.plan_key`). Changes
