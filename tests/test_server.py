@@ -184,6 +184,18 @@ def test_repeats_behave_as_embedded(server: ServerProcess, home: Path, db: Path,
         assert again.privacy.notes == local_notes
 
 
+def test_each_constant_is_its_own_charge_through_the_server(server: ServerProcess, home: Path) -> None:
+    """Issue 16's plan cache and literal parameters: questions differing only in a constant
+    (the server plans the second from the first's template) are two charges and two fresh
+    answers; the same constant again is the free repeat."""
+    sql = "SELECT region, COUNT(*) AS n FROM visits WHERE income > {} GROUP BY region"
+    with client(server, create_token(home / "auth.toml", "kim")) as remote:
+        results = [remote.execute(sql.format(v), epsilon=0.25) for v in (40, 41, 40, 42)]
+        assert [r.cached for r in results] == [False, False, True, False]  # type: ignore[attr-defined]
+        status = remote.budget()
+        assert (status.queries, status.epsilon_spent) == (3, pytest.approx(0.75))
+
+
 def test_health_needs_no_token(server: ServerProcess) -> None:
     with client(server, None) as anonymous:
         assert anonymous.health() == {"status": "ok", "version": dpsql.__version__}
