@@ -156,7 +156,8 @@ class PlanCache:
 
     def lookup(self, sql: str, normalized: Normalized, settings: Settings) -> tuple[QueryPlan | None, Found]:
         """The plan the analyzer would give ``sql`` (read as ``normalized``), if a question
-        of its template was learned with every value it differs in a hole; and what was read."""
+        of its template was learned with every value it differs in a hole (``normalized`` is
+        then used up: see :func:`_rebound`); and what was read."""
         template = _template(normalized.select)
         found = Found((template.key, normalized.epsilon, normalized.delta, tuple(normalized.analyst_bounds), settings),
                       template.values)
@@ -226,11 +227,14 @@ def _probe(template: _Template, normalized: Normalized, plan: QueryPlan, holes: 
 
 
 def _rebound(entry: _Entry, sql: str, normalized: Normalized, values: list[str]) -> QueryPlan:
+    """The entry's plan with the question's values; ``normalized`` is used up (its tree is
+    folded in place to write the plan's normalized text)."""
     plan: object = entry.plan
+    copies: dict[int, exp.Expr] = {}
     for path, prefix, index, suffix in entry.edits:
-        plan = _set(plan, path, prefix + values[index] + suffix)
+        plan = _set(plan, path, prefix + values[index] + suffix, copies)
     assert isinstance(plan, QueryPlan)
-    return dataclasses.replace(plan, sql=sql, normalized=normalized_text(normalized.select.copy()))
+    return dataclasses.replace(plan, sql=sql, normalized=normalized_text(normalized.select))
 
 
 def _explained(path: Path, old: str, new: str, texts: list[str], sentinels: dict[int, str]
@@ -287,12 +291,16 @@ def _diff(a: object, b: object, path: Path, out: list[tuple[Path, str, str]]) ->
     raise _Mismatch(path)  # a value this walk does not know: no hole through it
 
 
-def _set(value: object, path: Path, leaf: str) -> object:
-    """``value`` with the string at ``path`` replaced (a tree copied, records replaced)."""
+def _set(value: object, path: Path, leaf: str, copies: dict[int, exp.Expr]) -> object:
+    """``value`` with the string at ``path`` replaced (a tree copied once: ``copies`` holds
+    the copies made, by the id of the tree and of the copy; records replaced)."""
     if not path:
         return leaf
     if isinstance(value, exp.Expr):
-        copied = value.copy()
+        copied = copies.get(id(value))
+        if copied is None:
+            copied = copies[id(value)] = value.copy()
+            copies[id(copied)] = copied
         node: object = copied
         for step in path[:-1]:
             node = node.args[step] if isinstance(node, exp.Expr) else node[step]  # type: ignore[index]
@@ -304,6 +312,6 @@ def _set(value: object, path: Path, leaf: str) -> object:
     head, rest = path[0], path[1:]
     if isinstance(value, tuple):
         assert isinstance(head, int)
-        return (*value[:head], _set(value[head], rest, leaf), *value[head + 1:])
+        return (*value[:head], _set(value[head], rest, leaf, copies), *value[head + 1:])
     assert isinstance(head, str) and dataclasses.is_dataclass(value) and not isinstance(value, type)
-    return dataclasses.replace(value, **{head: _set(getattr(value, head), rest, leaf)})
+    return dataclasses.replace(value, **{head: _set(getattr(value, head), rest, leaf, copies)})
