@@ -178,7 +178,10 @@ class PlanCache:
             return  # the tree changed in analysis, or the text is not written from it alone
         literals = [i for i, lit in enumerate(template.literals) if _signature(lit) is not None]
         aliases = list(range(len(template.literals), len(found.values)))
-        for holes in (literals + aliases, literals, aliases, []):
+        # a template seen before is not probed again (its values differ where no hole was
+        # found): kept for these exact values, at no further analysis
+        rounds = [literals + aliases, literals, aliases, []] if found.key not in self._entries else [[]]
+        for holes in rounds:
             entry = _probe(template, normalized, plan, holes, analyze)
             if entry is not None:
                 if found.key not in self._entries and len(self._entries) >= self._size:
