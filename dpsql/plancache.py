@@ -74,19 +74,21 @@ def _signature(node: exp.Literal) -> Hashable | None:
     return None
 
 
-def _sentinel(node: exp.Literal, index: int) -> str | None:
-    """Another text of the same signature, unlike the constant's."""
+def _sentinel(node: exp.Literal, used: set[str]) -> str | None:
+    """Another text of the same signature, none of ``used`` (the question's values and the
+    sentinels taken), so that each difference names one hole."""
     text: str = node.this
     if node.is_string:
-        return text + "~" * (index + 1)
-    if _INTEGER.fullmatch(text):
-        for other in (int(text) + 1, int(text) - 1, int(text) + 2, int(text) - 2):
-            candidate = str(other)
-            if candidate != text and _signature(exp.Literal(this=candidate, is_string=False)) == _signature(node):
-                return candidate
-        return None
-    last = text[-1]
-    return text[:-1] + ("2" if last == "1" else "1")
+        candidates = [text + "~" * k for k in range(1, 40)]
+    elif _INTEGER.fullmatch(text):
+        candidates = [str(int(text) + k) for k in range(-40, 41) if k and int(text) + k > 0]
+    else:
+        candidates = [text[:-1] + digit for digit in "123456789"]
+    for candidate in candidates:
+        if candidate not in used and _signature(exp.Literal(this=candidate, is_string=node.is_string)) == _signature(node):
+            used.add(candidate)
+            return candidate
+    return None
 
 
 @dataclass
@@ -103,6 +105,7 @@ class _Template:
     key: Hashable
     literals: list[exp.Literal]
     aliases: list[exp.Identifier]
+    refs: list[tuple[int, exp.Identifier]]  # (alias index, the name of a column naming it)
 
     @property
     def values(self) -> list[str]:
@@ -122,9 +125,16 @@ class Found:
 
 
 def _template(select: exp.Select) -> _Template:
+    """The template key of ``select`` and its values. Besides the tree with holes, the key
+    holds which values are equal (constants' texts; aliases' names, casefolded) and which
+    alias names are also other names in the query, and each column that names an alias
+    (``ORDER BY n``) is that alias's reference: the analyzer can tell all of these apart."""
     literals: list[exp.Literal] = []
     aliases = [a.args["alias"] for a in select.expressions if isinstance(a, exp.Alias) and a.args.get("alias")]
     alias_ids = {id(a) for a in aliases}
+    names = {str(a.this).casefold(): j for j, a in reversed(list(enumerate(aliases)))}
+    refs: list[tuple[int, exp.Identifier]] = []
+    others: set[str] = set()
 
     def key(node: object) -> Hashable:
         if isinstance(node, exp.Literal):
@@ -134,12 +144,24 @@ def _template(select: exp.Select) -> _Template:
         if isinstance(node, exp.Expr):
             if id(node) in alias_ids:
                 return ("alias", node.args.get("quoted"))
+            if isinstance(node, exp.Column) and not node.args.get("table") and isinstance(node.this, exp.Identifier):
+                j = names.get(str(node.this.this).casefold())
+                if j is not None:
+                    refs.append((j, node.this))
+                    return ("ref", j, node.this.args.get("quoted"), node.this.this == aliases[j].this)
+            if isinstance(node, exp.Identifier):
+                others.add(str(node.this).casefold())
             return (type(node), tuple((k, key(v)) for k, v in node.args.items()))
         if isinstance(node, list):
             return tuple(key(v) for v in node)
         return (type(node), node)
 
-    return _Template(key(select), literals, aliases)
+    tree = key(select)
+    texts = [str(lit.this) for lit in literals]
+    folded = [str(a.this).casefold() for a in aliases]
+    equal = tuple(texts.index(t) for t in texts) + tuple(folded.index(f) for f in folded)
+    special = tuple(f in others or f.startswith("_") for f in folded)
+    return _Template((tree, equal, special), literals, aliases, refs)
 
 
 class PlanCache:
@@ -198,8 +220,9 @@ def _probe(template: _Template, normalized: Normalized, plan: QueryPlan, holes: 
     question with sentinels in the holes differs from ``plan`` only by their texts."""
     values = template.values
     sentinels: dict[int, str] = {}
+    used = set(values)
     for i in holes:
-        sentinel = _sentinel(template.literals[i], i) if i < len(template.literals) else f"{values[i]}__dpsql{i}"
+        sentinel = _sentinel(template.literals[i], used) if i < len(template.literals) else f"{values[i]}__dpsql{i}"
         if sentinel is None:
             return None
         sentinels[i] = sentinel
@@ -209,6 +232,10 @@ def _probe(template: _Template, normalized: Normalized, plan: QueryPlan, holes: 
         probed = _template(probe)
         for i, text in sentinels.items():
             probed.node(i).set("this", text)
+        for j, name in probed.refs:
+            index = len(template.literals) + j
+            if index in sentinels:
+                name.set("this", sentinels[index])
         try:
             other = analyze(dataclasses.replace(normalized, select=probe))
         except Exception:  # noqa: BLE001 - a sentinel the analyzer refuses: it read the value

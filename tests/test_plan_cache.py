@@ -4,8 +4,9 @@ and that plan is exactly the one the analyzer gives it.
 
 - Over the peer corpus and the totality generator's queries: each query is planned (and
   learned), then variants with other constants (of the same signature, so the cache is
-  hit, and of another, so it is not) are planned through the cache and compared field by
-  field with a fresh connection's analysis; a refusal must be the same refusal.
+  hit, and of another, so it is not) and other aliases (their references in ORDER BY /
+  HAVING renamed along, mostly) are planned through the cache and compared field by field
+  with a fresh connection's analysis; a refusal must be the same refusal.
 - Every distinct question is its own charge and its own answer: two queries differing in
   one constant are two charges and two fresh answers (never a free repeat of each other),
   embedded; explain's bounded SQL is the fresh plan's.
@@ -64,7 +65,11 @@ def _variant(sql: str, conn: dpsql.Connection, rng: random.Random, same: bool, d
                     break
     for alias in tree.expressions:
         if isinstance(alias, exp.Alias) and rng.random() < 0.5:
-            alias.args["alias"].set("this", alias.alias + "_v")
+            name = alias.alias
+            for column in list(tree.find_all(exp.Column)):  # ORDER BY n, HAVING n > 1: renamed along
+                if not column.table and column.name == name and rng.random() < 0.9:
+                    column.this.set("this", name + "_v")
+            alias.args["alias"].set("this", name + "_v")
             changed = True
     return tree.sql(dialect="duckdb") if changed else None
 
@@ -123,6 +128,7 @@ def test_rebound_plans_are_the_analyzers_over_the_corpus(tmp_path: Path) -> None
             if case.ok:
                 _check(conn, fresh, case.sql, rng, counts, case.options.get("dialect"))  # type: ignore[arg-type]
     assert counts["learned"] > 150 and counts["variants"] > 100 and counts["hits"] > 50, counts
+    print(counts)
 
 
 def test_rebound_plans_are_the_analyzers_over_generated_queries(tmp_path: Path) -> None:
@@ -141,7 +147,7 @@ def test_rebound_plans_are_the_analyzers_over_generated_queries(tmp_path: Path) 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             check()
-    assert counts["learned"] > 50 and counts["hits"] > 20, counts
+    assert counts["learned"] > 50 and counts["hits"] >= 15, counts
 
 
 @pytest.fixture()
@@ -162,6 +168,15 @@ def test_each_constant_is_its_own_charge_and_answer(demo: dpsql.Connection) -> N
     plans = [demo.plan(query.format(v), epsilon=0.25) for v in (40, 41)]
     assert plans[0].normalized != plans[1].normalized and "41" in plans[1].normalized
     assert "> TRY_CAST('41' AS DOUBLE)" in demo.explain(query.format(41), epsilon=0.25).bounded_sql
+
+
+def test_an_alias_named_in_order_by_is_rebound(demo: dpsql.Connection) -> None:
+    query = "SELECT region, COUNT(*) AS {0} FROM visits WHERE age > {1} GROUP BY region ORDER BY {0} DESC"
+    demo.plan(query.format("n", 30), epsilon=1.0, delta=1e-6)
+    hits = _hits(demo)
+    plan = demo.plan(query.format("visits_n", 31), epsilon=1.0, delta=1e-6)
+    assert _hits(demo) == hits + 1 and plan.output_names == ("region", "visits_n")
+    _same(plan, _fresh(demo, query.format("visits_n", 31)), "")
 
 
 def test_a_refused_constant_stays_refused_and_free(demo: dpsql.Connection) -> None:
