@@ -15,7 +15,7 @@ compared field by field, trees node by node. A constant is a hole only if every 
 two plans differ is a string that is the old plan's with that one constant's text replaced
 by its sentinel's (a WHERE constant carried into the SQL, a select-list alias, the text of an
 aggregate call); a difference anywhere else (bounds derived from a constant, a listed key,
-a LIMIT, a quantile fraction, a number) means the analyzer read a value, and the template is
+a quantile fraction, a number) means the analyzer read a value, and the template is
 then cached with its constants as they are (only aliases rebound), or not at all. A hit
 writes each such string with the new constant's text at the recorded place; the plan's
 ``sql`` is the new text and its ``normalized`` text (the repeat store's key: every distinct
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import Enum
@@ -172,9 +173,11 @@ class PlanCache:
         self._size = size
         self._entries: dict[Hashable, list[_Entry]] = {}
         self.hits = 0  #: plans rebound rather than analyzed
+        self._lock = threading.Lock()  # learning on several threads (a server's front)
 
     def clear(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
     def lookup(self, sql: str, normalized: Normalized, settings: Settings) -> tuple[QueryPlan | None, Found]:
         """The plan the analyzer would give ``sql`` (read as ``normalized``), if a question
@@ -206,11 +209,11 @@ class PlanCache:
         for holes in rounds:
             entry = _probe(template, normalized, plan, holes, analyze)
             if entry is not None:
-                if found.key not in self._entries and len(self._entries) >= self._size:
-                    self._entries.pop(next(iter(self._entries)))
-                entries = self._entries.setdefault(found.key, [])
-                entries.insert(0, entry)
-                del entries[4:]
+                with self._lock:
+                    if found.key not in self._entries and len(self._entries) >= self._size:
+                        self._entries.pop(next(iter(self._entries)))
+                    entries = [entry, *self._entries.get(found.key, [])][:4]
+                    self._entries[found.key] = entries  # a new list: lookups iterate the old one
                 return
 
 
