@@ -186,17 +186,9 @@ class Connection:
         select = normalized.select if normalized is not None else None
         if public and select is not None and public_only(select, self._policy, self._engine.schema()):
             return select
-        # a question learned before with other constants or aliases: its plan, rebound
-        # (:mod:`dpsql.plancache`), and the refusals made after planning
-        plan, found = (self._templates.lookup(sql, normalized, key[1:]) if key is not None and normalized is not None
-                       else (None, None))
-        if plan is not None:
-            self._checked(plan)
-        else:
-            plan = self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=normalized, bias=bias)
-            if found is not None and normalized is not None:
-                self._templates.learn(found, normalized, plan, lambda other: self._analyze(
-                    sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=other, bias=bias))
+        # a question learned with other constants or aliases: its plan rebound (:mod:`dpsql.plancache`)
+        plan = self._templates.plan(sql, normalized, None if key is None else key[1:], self._checked, lambda n: self._analyze(
+            sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=n, bias=bias))
         if key is not None:
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.pop(next(iter(self._plans)))

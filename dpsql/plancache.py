@@ -179,6 +179,20 @@ class PlanCache:
         with self._lock:
             self._entries.clear()
 
+    def plan(self, sql: str, normalized: Normalized | None, settings: Settings | None,
+             checked: Callable[[QueryPlan], QueryPlan], analyze: Callable[[Normalized | None], QueryPlan]) -> QueryPlan:
+        """The plan of ``sql`` (read as ``normalized``; ``settings``: the budget and dialect
+        it is planned with, ``None`` for values that are not keys): a learned plan rebound
+        and ``checked`` (the refusals made after planning), else ``analyze``'s, learned."""
+        if normalized is None or settings is None:
+            return analyze(normalized)
+        plan, found = self.lookup(sql, normalized, settings)
+        if plan is not None:
+            return checked(plan)
+        plan = analyze(normalized)
+        self.learn(found, normalized, plan, analyze)
+        return plan
+
     def lookup(self, sql: str, normalized: Normalized, settings: Settings) -> tuple[QueryPlan | None, Found]:
         """The plan the analyzer would give ``sql`` (read as ``normalized``), if a question
         of its template was learned with every value it differs in a hole (``normalized`` is
