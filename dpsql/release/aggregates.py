@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -76,21 +77,24 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
 #: True) never share a grid.
 _GRIDS: dict[tuple[tuple[str, int], ...], tuple[tuple[tuple[object, ...], ...], pa.Table]] = {}
 _GRIDS_KEPT = 64
+_GRIDS_LOCK = threading.Lock()  # reads on several threads (deadlines, a server) share it
 
 
 def _grid(keys: tuple[tuple[str, tuple[object, ...]], ...]) -> pa.Table:
     """The public groups' grid, in itertools.product's order (the last key's values vary
     fastest), one chunk per column."""
     ident = tuple((name, id(values)) for name, values in keys)
-    held = _GRIDS.get(ident)
+    with _GRIDS_LOCK:
+        held = _GRIDS.get(ident)
     if held is not None and all(a is b for a, (_, b) in zip(held[0], keys)):
         return held[1]
     domains = [pa.array(values) for _, values in keys]
     picks = np.indices([len(d) for d in domains]).reshape(len(domains), -1)
     grid = pa.table({name: d.take(pick) for (name, _), d, pick in zip(keys, domains, picks)})
-    if len(_GRIDS) >= _GRIDS_KEPT:
-        _GRIDS.pop(next(iter(_GRIDS)), None)
-    _GRIDS[ident] = (tuple(values for _, values in keys), grid)  # holds the values: ids stay theirs
+    with _GRIDS_LOCK:
+        if len(_GRIDS) >= _GRIDS_KEPT:
+            _GRIDS.pop(next(iter(_GRIDS)))
+        _GRIDS[ident] = (tuple(values for _, values in keys), grid)  # holds the values: ids stay theirs
     return grid
 
 
