@@ -14,6 +14,7 @@ import pytest
 
 from dpsql.noise import DiscreteLaplace, laplace_noise
 from dpsql.noise.source import SeededRandom, SystemRandom
+from dpsql.noise import samplers
 from dpsql.noise.samplers import sample_discrete_laplace_batch
 from dpsql.plan import LaplaceParams
 from dpsql.release import aggregates
@@ -29,13 +30,17 @@ N = 400_000
 
 
 @pytest.mark.attack
+@pytest.mark.parametrize("blocked", [False, True], ids=["as-configured", "all-blocked"])
 @pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "system"])
-def test_each_scale_follows_its_exact_pmf(seeded: bool) -> None:
+def test_each_scale_follows_its_exact_pmf(seeded: bool, blocked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """N draws per scale, all scales in one call (unequal counts). Per scale: chi-square
     against the exact pmf (p > 1e-4), the variance in its 1 - 1e-6 interval (which rejects a
     std 5% off: half or twice the noise fails surely), the mean within 5 standard errors.
-    The system-CSPRNG run can fail falsely with probability about 5 x 1e-4; the seeded one
-    passes or fails forever."""
+    ``all-blocked`` draws every round in blocks (as a small query does), not only the last
+    few thousand elements'. The system-CSPRNG runs can fail falsely with probability about
+    5 x 1e-4 each; the seeded ones pass or fail forever."""
+    if blocked:
+        monkeypatch.setattr(samplers, "_BLOCK_BELOW", 1 << 40)
     source = SeededRandom(2016) if seeded else SystemRandom()
     counts = [N + 7 * i for i in range(len(SCALES))]
     draws = sample_discrete_laplace_batch(source, [(s.t, s.s) for s in SCALES], counts)

@@ -90,7 +90,7 @@ def _bernoulli_exp_unit(source: RandomSource, num: IntArray, den: IntArray | int
     while active.size:
         den_active = den if isinstance(den, int) else den[active]
         largest = den_active if isinstance(den_active, int) else int(den_active.max())
-        if largest <= _INT64_MAX // (k + _ROUND_BLOCK - 1):
+        if active.size <= _BLOCK_BELOW and largest <= _INT64_MAX // (k + _ROUND_BLOCK - 1):
             passed = _rounds_passed(source, num[active], den_active, k)
             stop = passed < _ROUND_BLOCK
             result[active[stop]] = (k + passed[stop]) % 2 == 1
@@ -107,6 +107,10 @@ def _bernoulli_exp_unit(source: RandomSource, num: IntArray, den: IntArray | int
 #: once per element: the draws past an element's first failure are never looked at, so the
 #: outcome is that of the rounds drawn one by one, in a third as many vector passes.
 _ROUND_BLOCK = 3
+#: ... while at most this many elements are still going: a small query's noise is all
+#: per-call overhead, but a large draw would read about twice the random words (most
+#: elements stop in their first round), 1.7x the time at 400,000 draws.
+_BLOCK_BELOW = 4096
 
 
 def _rounds_passed(source: RandomSource, num: IntArray, den: IntArray | int, k: int) -> IntArray:
@@ -175,10 +179,14 @@ def _bernoulli_exp_minus_one(source: RandomSource, n: int) -> BoolArray:
 
 def _successes_before_failure(source: RandomSource, n: int) -> IntArray:
     """For each of ``n`` elements, how many Bernoulli(exp(-1)) succeed before one fails
-    (trials drawn :data:`_ROUND_BLOCK` at a time per element still going)."""
+    (trials drawn :data:`_ROUND_BLOCK` at a time per element while few are still going)."""
     counts = np.zeros(n, dtype=np.int64)
     active = np.arange(n)
     while active.size:
+        if active.size > _BLOCK_BELOW:  # one trial each
+            active = active[_bernoulli_exp_minus_one(source, active.size)]
+            counts[active] += 1
+            continue
         trials = _bernoulli_exp_minus_one(source, active.size * _ROUND_BLOCK)
         passed = _leading_true(trials.reshape(active.size, _ROUND_BLOCK))
         counts[active] += passed
