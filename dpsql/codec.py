@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from dpsql.result import ColumnPrivacy, PrivacyReport
@@ -36,13 +36,18 @@ def jsonable(value: Any) -> Any:
 
 
 def report_payload(privacy: PrivacyReport) -> dict[str, Any]:
-    """A privacy report as JSON-able data."""
+    """A privacy report as JSON-able data, for :func:`dumps` (its columns' fields shared with
+    the report, not deep-copied as ``dataclasses.asdict`` would: only written out)."""
     return {
         "epsilon": privacy.epsilon,
         "delta": privacy.delta,
-        "columns": {name: asdict(column) for name, column in privacy.columns.items()},
+        "columns": {name: {f.name: getattr(column, f.name) for f in _COLUMN_FIELDS}
+                    for name, column in privacy.columns.items()},
         "notes": list(privacy.notes),
     }
+
+
+_COLUMN_FIELDS = fields(ColumnPrivacy)
 
 
 def report_from_payload(payload: Mapping[str, Any]) -> PrivacyReport:

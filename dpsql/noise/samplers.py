@@ -20,7 +20,7 @@ a :class:`~dpsql.noise.source.RandomSource`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -36,7 +36,7 @@ from dpsql.noise.source import (
     _uniform_below_scalar,
 )
 
-__all__ = ["bernoulli_exp", "sample_discrete_gaussian", "sample_discrete_laplace"]
+__all__ = ["bernoulli_exp", "sample_discrete_gaussian", "sample_discrete_laplace", "sample_discrete_laplace_batch"]
 
 #: Largest d with d * d <= _INT64_MAX.
 _SQRT_INT64_MAX = math.isqrt(_INT64_MAX)
@@ -79,7 +79,8 @@ def _bernoulli_exp_unit(source: RandomSource, num: IntArray, den: IntArray | int
 
     K = 1; while Bernoulli(gamma / K) succeeds, K += 1; succeed when K ends odd
     (P[K > k] = gamma^k / k!, so P[K odd] = exp(-gamma)). Every element still looping in a
-    round has the same K, so K is one Python int per round.
+    round has the same K, so K is one Python int per round. Rounds go :data:`_ROUND_BLOCK`
+    at a time (:func:`_rounds_passed`) when ``den * K`` fits int64, one at a time otherwise.
     """
     result = np.ones(num.size, dtype=np.bool_)  # gamma = 0 stops at K = 1: success
     if isinstance(den, int) and den <= _TWO_ROUND_DEN_LIMIT:
@@ -88,11 +89,45 @@ def _bernoulli_exp_unit(source: RandomSource, num: IntArray, den: IntArray | int
         active, k = np.flatnonzero(num > 0), 1
     while active.size:
         den_active = den if isinstance(den, int) else den[active]
+        largest = den_active if isinstance(den_active, int) else int(den_active.max())
+        if active.size <= _BLOCK_BELOW and largest <= _INT64_MAX // (k + _ROUND_BLOCK - 1):
+            passed = _rounds_passed(source, num[active], den_active, k)
+            stop = passed < _ROUND_BLOCK
+            result[active[stop]] = (k + passed[stop]) % 2 == 1
+            active, k = active[~stop], k + _ROUND_BLOCK
+            continue
         going_on = _bernoulli_scaled(source, num[active], den_active, k)
         result[active[~going_on]] = k % 2 == 1
         active = active[going_on]
         k += 1
     return result
+
+
+#: Rounds of CKS Algorithm 1 (and Bernoulli(exp(-1)) trials of a geometric count) drawn at
+#: once per element: the draws past an element's first failure are never looked at, so the
+#: outcome is that of the rounds drawn one by one, in a third as many vector passes.
+_ROUND_BLOCK = 3
+#: ... while at most this many elements are still going: a small query's noise is all
+#: per-call overhead, but a large draw would read about twice the random words (most
+#: elements stop in their first round), 1.7x the time at 400,000 draws.
+_BLOCK_BELOW = 4096
+
+
+def _rounds_passed(source: RandomSource, num: IntArray, den: IntArray | int, k: int) -> IntArray:
+    """How many of rounds ``k .. k + _ROUND_BLOCK - 1`` (Bernoulli(num / (den k')) each,
+    independent) each element passes before its first failure (``_ROUND_BLOCK``: all).
+    ``den * (k + _ROUND_BLOCK - 1)`` must fit int64."""
+    steps = np.arange(k, k + _ROUND_BLOCK, dtype=np.int64)
+    dens = np.broadcast_to(np.asarray(den, dtype=np.int64).reshape(-1, 1) if not isinstance(den, int) else den,
+                           (num.size, _ROUND_BLOCK))
+    u = _uniform_below_array(source, (dens * steps).ravel()).reshape(num.size, _ROUND_BLOCK)
+    return _leading_true(u < num.reshape(-1, 1))
+
+
+def _leading_true(success: BoolArray) -> IntArray:
+    """Per row, how many entries are True before the first False (the row's length: all)."""
+    passed: IntArray = np.where(success.all(axis=1), success.shape[1], success.argmin(axis=1))
+    return passed
 
 
 #: ``2 * den**2`` fits int64 up to this denominator.
@@ -143,12 +178,19 @@ def _bernoulli_exp_minus_one(source: RandomSource, n: int) -> BoolArray:
 
 
 def _successes_before_failure(source: RandomSource, n: int) -> IntArray:
-    """For each of ``n`` elements, how many Bernoulli(exp(-1)) succeed before one fails."""
+    """For each of ``n`` elements, how many Bernoulli(exp(-1)) succeed before one fails
+    (trials drawn :data:`_ROUND_BLOCK` at a time per element while few are still going)."""
     counts = np.zeros(n, dtype=np.int64)
     active = np.arange(n)
     while active.size:
-        active = active[_bernoulli_exp_minus_one(source, active.size)]
-        counts[active] += 1
+        if active.size > _BLOCK_BELOW:  # one trial each
+            active = active[_bernoulli_exp_minus_one(source, active.size)]
+            counts[active] += 1
+            continue
+        trials = _bernoulli_exp_minus_one(source, active.size * _ROUND_BLOCK)
+        passed = _leading_true(trials.reshape(active.size, _ROUND_BLOCK))
+        counts[active] += passed
+        active = active[passed == _ROUND_BLOCK]
     return counts
 
 
@@ -294,6 +336,69 @@ def _laplace_magnitude(u: IntArray, v: IntArray, t: int, s: int) -> IntArray:
                                 f"{t}/{s}). Use a coarser lattice.")
         out[i] = magnitude
     return out
+
+
+def sample_discrete_laplace_batch(source: RandomSource, scales: Sequence[tuple[int, int]],
+                                  counts: Sequence[int]) -> list[IntArray]:
+    """``counts[i]`` exact discrete Laplace draws of scale ``scales[i] = (t, s)`` for each
+    i, as :func:`sample_discrete_laplace` draws them, but every scale's proposals made in
+    one vectorised pass (one parameter per element): a query's noises of several scales
+    cost one sampler's rounds of small numpy calls, not one per scale.
+
+    Each round proposes, per scale still short, what :func:`_sample_by_rejection` would;
+    a scale keeps its first accepted proposals in proposal order, so its draws are iid from
+    its own distribution, independent of the other scales'.
+
+    >>> from dpsql.noise.source import SeededRandom
+    >>> [a.size for a in sample_discrete_laplace_batch(SeededRandom(0), [(3, 1), (5, 2)], [4, 0])]
+    [4, 0]
+    """
+    if len(scales) != len(counts):
+        raise InternalError(f"{len(scales)} scales for {len(counts)} counts.")
+    for (scale_t, scale_s), n in zip(scales, counts):
+        _check_int("t", scale_t, 1, _PARAM_LIMIT - 1)
+        _check_int("s", scale_s, 1, _PARAM_LIMIT - 1)
+        _check_count(n)
+    outs = [np.empty(n, dtype=np.int64) for n in counts]
+    filled, rates = [0] * len(counts), [0.6] * len(counts)
+    while True:
+        pending = [g for g, n in enumerate(counts) if filled[g] < n]
+        if not pending:
+            return outs
+        tries = [min(math.ceil((counts[g] - filled[g]) / rates[g] * 1.05) + 16, 20 * (counts[g] - filled[g]) + 64)
+                 for g in pending]
+        t = np.repeat(np.array([int(scales[g][0]) for g in pending], dtype=np.int64), tries)
+        s = np.repeat(np.array([int(scales[g][1]) for g in pending], dtype=np.int64), tries)
+        distinct = list(dict.fromkeys((int(scales[g][0]), int(scales[g][1])) for g in pending))
+        accepted, values = _laplace_attempt_each(source, t, s, distinct)
+        start = 0
+        for g, n_tries in zip(pending, tries):
+            got = values[start:start + n_tries][accepted[start:start + n_tries]]
+            start += n_tries
+            take = min(got.size, counts[g] - filled[g])
+            outs[g][filled[g]:filled[g] + take] = got[:take]
+            filled[g] += take
+            rates[g] = max(got.size / n_tries, 0.05)
+
+
+def _laplace_attempt_each(source: RandomSource, t: IntArray, s: IntArray,
+                          distinct: Sequence[tuple[int, int]]) -> tuple[BoolArray, IntArray]:
+    """One proposal of CKS Algorithm 2 per element, element i of scale ``t[i] / s[i]``
+    (``distinct``: every (t, s) pair that occurs): whether each was accepted, and its value."""
+    u = _uniform_below_array(source, t).astype(np.int64)
+    keep = np.flatnonzero(_bernoulli_exp_unit(source, u, t))
+    v = _successes_before_failure(source, keep.size)
+    y = np.empty(keep.size, dtype=np.int64)
+    t_kept, s_kept, u_kept = t[keep], s[keep], u[keep]
+    for scale_t, scale_s in distinct:  # exact, scale by scale
+        at = np.flatnonzero((t_kept == scale_t) & (s_kept == scale_s))
+        y[at] = _laplace_magnitude(u_kept[at], v[at], scale_t, scale_s)
+    negative = _random_bits(source, keep.size)
+    accepted = np.zeros(t.size, dtype=np.bool_)
+    accepted[keep[~(negative & (y == 0))]] = True
+    values = np.zeros(t.size, dtype=np.int64)
+    values[keep] = np.where(negative, -y, y)
+    return accepted, values
 
 
 def sample_discrete_gaussian(source: RandomSource, t: int, m: int, n: int) -> IntArray:

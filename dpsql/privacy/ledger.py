@@ -54,12 +54,14 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from fractions import Fraction
 from types import TracebackType
 from typing import NamedTuple
 
@@ -68,7 +70,6 @@ from dpsql.privacy.accountants import (
     Accountant,
     BasicAccountant,
     UnitAccountant,
-    _combine_mu_parts,
     _mu_part,
     accountant_named,
 )
@@ -151,7 +152,9 @@ class Ledger:
         self._lock = threading.Lock()
         self._conn = _open(self.path)
         self._lock_file = open_writer_queue(self.path)
-        self._seen: dict[str, list[_Stored]] = {}
+        self._seen: dict[str, _Spent] = {}
+        # basic composition (sums of units): composed from running totals, not re-summed
+        self._additive = getattr(type(self.accountant), "compose_units", None) is BasicAccountant.compose_units
 
     # -- public -------------------------------------------------------------------------
 
@@ -203,9 +206,8 @@ class Ledger:
         """Return what ``analyst`` has spent and has left of ``budget``."""
         total = budget_units(budget)
         with self._locked():
-            stored = self._charges(analyst)
-            spent = self._compose(stored, total)
-            return self._status(analyst, spent, total, stored)
+            spent = self._charges(analyst)
+            return self._status(analyst, self._spent(spent, total), total, spent)
 
     def events(self, analyst: str) -> list[ChargeRecord]:
         """Return ``analyst``'s charges, oldest first."""
@@ -262,42 +264,47 @@ class Ledger:
             "FROM events WHERE analyst = ? ORDER BY id", (analyst,))
         return cursor.fetchall()
 
-    def _charges(self, analyst: str) -> list[_Stored]:
+    def _charges(self, analyst: str) -> _Spent:
         """``analyst``'s stored charges, oldest first, each parsed only once.
 
         Events are append-only and ids grow in commit order (each insert is its own
         ``BEGIN IMMEDIATE`` transaction), so only rows past the last id seen are read."""
-        seen = self._seen.setdefault(analyst, [])
-        last_id = seen[-1].id if seen else 0
+        spent = self._seen.setdefault(analyst, _Spent())
         rows = self._conn.execute(
             "SELECT id, query, epsilon_units, delta_units, mechanisms "
-            "FROM events WHERE analyst = ? AND id > ? ORDER BY id", (analyst, last_id))
+            "FROM events WHERE analyst = ? AND id > ? ORDER BY id", (analyst, spent.last_id))
         for row in rows:
             charge = Charge(units_to_epsilon(row[2]), units_to_delta(row[3]), row[1], decode(row[4]))
-            seen.append(_Stored(row[0], charge, (row[2], row[3]), _mu_part(charge)))
-        return seen
+            spent.add(_Stored(row[0], charge, (row[2], row[3]), _mu_part(charge)))
+        return spent
 
     def _check(self, analyst: str, total: tuple[int, int], charge: Charge,
                new: tuple[int, int]) -> BudgetStatus:
         """Compose stored charges with ``charge``; raise BudgetExceeded if over ``total``."""
-        stored = self._charges(analyst)
+        spent = self._charges(analyst)
         adding = _Stored(0, charge, new, _mu_part(charge))
-        after = self._compose([*stored, adding], total)
+        if self._additive:  # the running sums plus this one: exactly what re-summing gives
+            after = (spent.units[0] + new[0], spent.units[1] + new[1])
+        else:
+            after = self._compose([*spent.stored, adding], total)
         if after[0] > total[0] or after[1] > total[1]:
-            spent = self._compose(stored, total)
-            raise _budget_exceeded(analyst, new, spent, after, total, self.accountant.name)
-        return self._status(analyst, after, total, [*stored, adding])
+            raise _budget_exceeded(analyst, new, self._spent(spent, total), after, total, self.accountant.name)
+        return self._status(analyst, after, total, spent, adding)
+
+    def _spent(self, spent: _Spent, total: tuple[int, int]) -> tuple[int, int]:
+        """What the stored charges compose to (running sums under basic composition)."""
+        return spent.units if self._additive else self._compose(spent.stored, total)
 
     def _status(self, analyst: str, spent: tuple[int, int], total: tuple[int, int],
-                stored: Sequence[_Stored]) -> BudgetStatus:
+                stored: _Spent, adding: _Stored | None = None) -> BudgetStatus:
         return BudgetStatus(
             analyst=analyst,
             epsilon_spent=units_to_epsilon(spent[0]), delta_spent=units_to_delta(spent[1]),
             epsilon_total=units_to_epsilon(total[0]), delta_total=units_to_delta(total[1]),
             epsilon_remaining=units_to_epsilon(max(0, total[0] - spent[0])),
             delta_remaining=units_to_delta(max(0, total[1] - spent[1])),
-            queries=len(stored), accountant=self.accountant.name,
-            mu=_combine_mu_parts([s.mu_part for s in stored]))
+            queries=len(stored.stored) + (adding is not None), accountant=self.accountant.name,
+            mu=stored.mu(adding.mu_part if adding is not None else (0.0, 0)))
 
     def _insert(self, analyst: str, charge: Charge, units: tuple[int, int]) -> None:
         self._conn.execute(
@@ -334,6 +341,43 @@ class _Stored(NamedTuple):
     charge: Charge
     units: tuple[int, int]
     mu_part: tuple[float, int] | None
+
+
+class _Spent:
+    """An analyst's stored charges, oldest first, with running totals kept as each is
+    added, so a charge does not re-sum them all (1.5 ms at 10,000 charges): the exact
+    integer sums of their units (what basic composition returns), and their Gaussian-DP
+    parts, summed exactly (a :class:`~fractions.Fraction` of the float squares: rounded
+    once at the end, it is ``math.fsum`` of them, which is correctly rounded too)."""
+
+    __slots__ = ("mu_count", "mu_squares", "mu_unknown", "stored", "units")
+
+    def __init__(self) -> None:
+        self.stored: list[_Stored] = []
+        self.units = (0, 0)
+        self.mu_squares = Fraction(0)
+        self.mu_count = 0
+        self.mu_unknown = False
+
+    @property
+    def last_id(self) -> int:
+        return self.stored[-1].id if self.stored else 0
+
+    def add(self, stored: _Stored) -> None:
+        self.stored.append(stored)
+        self.units = (self.units[0] + stored.units[0], self.units[1] + stored.units[1])
+        if stored.mu_part is None:
+            self.mu_unknown = True
+        else:
+            self.mu_squares += Fraction(stored.mu_part[0])
+            self.mu_count += stored.mu_part[1]
+
+    def mu(self, adding: tuple[float, int] | None) -> float | None:
+        """:func:`~dpsql.privacy.accountants._combine_mu_parts` of the stored parts and
+        ``adding``: None if any part is None or there are no measurements."""
+        if self.mu_unknown or adding is None or not self.mu_count + adding[1]:
+            return None
+        return math.sqrt(float(self.mu_squares + Fraction(adding[0])))
 
 
 def _record(row: sqlite3.Row) -> ChargeRecord:

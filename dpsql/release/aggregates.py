@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -40,8 +41,9 @@ import pyarrow as pa
 
 from dpsql.analyze.calibrate import square_offset
 from dpsql.errors import InternalError, QueryRejected
-from dpsql.noise import RandomSource, half_width, noise_std, sample, scale
-from dpsql.plan import Aggregate, GroupKey, LaplaceParams, Measurement, QueryPlan, ValueRelease
+from dpsql.noise import RandomSource, default_source, half_width, noise_std, sample, scale
+from dpsql.noise.samplers import sample_discrete_laplace_batch
+from dpsql.plan import Aggregate, GroupKey, LaplaceParams, Measurement, NoiseParams, QueryPlan, ValueRelease
 from dpsql.release.spread import spread_half_widths, stddev_half_width
 from dpsql.release.udf import UDF, UDFRelease
 from dpsql.release.grouping import group_index
@@ -58,16 +60,42 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     if not plan.group_keys or plan.selection is not None:
         return exact
     names = [k.name for k in plan.group_keys]
-    domains = [pa.array(k.public_values) for k in plan.group_keys]  # no selection: all public
-    # the grid's rows in itertools.product's order: the last key's values vary fastest
-    picks = np.indices([len(d) for d in domains]).reshape(len(domains), -1)
-    grid = pa.table({n: d.take(pick) for n, d, pick in zip(names, domains, picks)})
+    domains = tuple((k.name, k.public_values) for k in plan.group_keys if k.public_values is not None)
+    if len(domains) != len(names):
+        raise InternalError("a GROUP BY key without public values, and no partition selection")
+    grid = _grid(domains)
     rows = group_index(grid, exact, names)
-    columns: dict[str, pa.Array] = {n: grid[n].combine_chunks() for n in names}
+    columns: dict[str, pa.Array] = {n: grid[n] for n in names}
     for m in plan.measurements:
         values = exact[m.name].to_numpy().astype(np.int64, copy=False)
         columns[m.name] = pa.array(np.where(rows >= 0, values[rows], 0) if len(values) else np.zeros(grid.num_rows, np.int64))
     return pa.table(columns)
+
+
+#: Grids remembered, by the identity of their keys' public-values tuples (a plan's come from
+#: the policy, shared by every plan of it); equal-looking values of other types (1, 1.0,
+#: True) never share a grid.
+_GRIDS: dict[tuple[tuple[str, int], ...], tuple[tuple[tuple[object, ...], ...], pa.Table]] = {}
+_GRIDS_KEPT = 64
+_GRIDS_LOCK = threading.Lock()  # reads on several threads (deadlines, a server) share it
+
+
+def _grid(keys: tuple[tuple[str, tuple[object, ...]], ...]) -> pa.Table:
+    """The public groups' grid, in itertools.product's order (the last key's values vary
+    fastest), one chunk per column."""
+    ident = tuple((name, id(values)) for name, values in keys)
+    with _GRIDS_LOCK:
+        held = _GRIDS.get(ident)
+    if held is not None and all(a is b for a, (_, b) in zip(held[0], keys)):
+        return held[1]
+    domains = [pa.array(values) for _, values in keys]
+    picks = np.indices([len(d) for d in domains]).reshape(len(domains), -1)
+    grid = pa.table({name: d.take(pick) for (name, _), d, pick in zip(keys, domains, picks)})
+    with _GRIDS_LOCK:
+        if len(_GRIDS) >= _GRIDS_KEPT:
+            _GRIDS.pop(next(iter(_GRIDS)))
+        _GRIDS[ident] = (tuple(values for _, values in keys), grid)  # holds the values: ids stay theirs
+    return grid
 
 
 def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, noise: np.ndarray) -> np.ndarray:
@@ -80,19 +108,33 @@ def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, noise: np.ndarr
     return released
 
 
+#: A query's Laplace noises of several scales are drawn in one batched sampler pass
+#: (:func:`~dpsql.noise.samplers.sample_discrete_laplace_batch`) up to this many draws in
+#: all; past it, one scalar-parameter sampler call per scale (cheaper per draw).
+BATCH_DRAWS = 1 << 16
+
+
 def _noise(measurements: Sequence[Measurement], n: int, source: RandomSource | None) -> dict[str, np.ndarray]:
     """``n`` independent draws of each measurement's noise, by measurement name: one sampler
-    call per distinct noise (measurements with equal noise share a call, split after), so
-    a small query pays the exact samplers' per-call overhead once per distinct scale. The
-    draws are iid either way: the same joint distribution as one call per measurement."""
-    by_noise: dict[object, list[Measurement]] = {}
+    call per distinct noise (measurements with equal noise share a call, split after), and
+    a small query's Laplace noises of several scales share one batched call, so it pays the
+    exact samplers' per-call overhead once. The draws are iid either way: the same joint
+    distribution as one call per measurement."""
+    by_noise: dict[NoiseParams, list[Measurement]] = {}
     for m in measurements:
         by_noise.setdefault(m.noise, []).append(m)
+    draws: dict[NoiseParams, np.ndarray] = {}
+    laplace = [p for p in by_noise if isinstance(p, LaplaceParams)]
+    if len(laplace) > 1 and n * sum(len(by_noise[p]) for p in laplace) <= BATCH_DRAWS:
+        chosen = default_source if source is None else source
+        batch = sample_discrete_laplace_batch(chosen, [(p.t, p.s) for p in laplace],
+                                              [n * len(by_noise[p]) for p in laplace])
+        draws.update(zip(laplace, batch))
     out: dict[str, np.ndarray] = {}
-    for group in by_noise.values():
-        draws = sample(group[0].noise, n * len(group), source)
+    for noise, group in by_noise.items():
+        drawn = draws[noise] if noise in draws else sample(noise, n * len(group), source)
         for i, m in enumerate(group):
-            out[m.name] = draws[i * n:(i + 1) * n]
+            out[m.name] = drawn[i * n:(i + 1) * n]
     return out
 
 
