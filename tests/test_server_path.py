@@ -1,0 +1,29 @@
+"""The server's per-query path: what a served repeat and a fresh answer cost the front."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dpsql.codec import dumps, report_from_payload, report_payload
+from dpsql.result import ColumnPrivacy, PrivacyReport
+
+
+def _report() -> PrivacyReport:
+    measurements = ({"mechanism": "laplace", "bounds": [0, 1], "nested": {"k": [1, 2]}}, {"scale": 2.5})
+    return PrivacyReport(0.5, 1e-6, {"n": ColumnPrivacy("laplace", 2.0, measurements),
+                                     "k": ColumnPrivacy("public")}, ("a note",))
+
+
+def test_report_payload_dumps_as_dataclasses_asdict_did() -> None:
+    report = _report()
+    old = {"epsilon": report.epsilon, "delta": report.delta,
+           "columns": {name: dataclasses.asdict(c) for name, c in report.columns.items()},
+           "notes": list(report.notes)}
+    assert dumps(report_payload(report)) == dumps(old)
+    assert report_from_payload(report_payload(report)) == report
+
+
+def test_report_payload_names_every_field_of_a_column() -> None:
+    # a field added to ColumnPrivacy must be added to the payload too
+    payload = report_payload(_report())["columns"]["n"]
+    assert list(payload) == [f.name for f in dataclasses.fields(ColumnPrivacy)]
