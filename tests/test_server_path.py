@@ -27,3 +27,45 @@ def test_report_payload_names_every_field_of_a_column() -> None:
     # a field added to ColumnPrivacy must be added to the payload too
     payload = report_payload(_report())["columns"]["n"]
     assert list(payload) == [f.name for f in dataclasses.fields(ColumnPrivacy)]
+
+
+def test_the_watchdog_interrupt_in_flight_lands_before_disarm_returns() -> None:
+    import threading
+    import time
+
+    from dpsql.watchdog import Watchdog
+
+    events: list[str] = []
+    started = threading.Event()
+
+    def slow_interrupt() -> None:
+        started.set()
+        time.sleep(0.2)
+        events.append("interrupted")
+
+    dog = Watchdog(slow_interrupt)
+    late = threading.Event()
+    dog.arm(time.monotonic(), late)  # due at once
+    assert started.wait(5)
+    dog.disarm()
+    events.append("disarmed")
+    assert late.is_set() and events == ["interrupted", "disarmed"]
+
+
+def test_the_watchdog_rearmed_many_times_fires_only_for_a_passed_deadline() -> None:
+    import threading
+    import time
+
+    from dpsql.watchdog import Watchdog
+
+    fired: list[int] = []
+    dog = Watchdog(lambda: fired.append(1))
+    for _ in range(200):  # deadlines never reached: no interrupt
+        late = threading.Event()
+        dog.arm(time.monotonic() + 30, late)
+        dog.disarm()
+        assert not late.is_set()
+    late = threading.Event()
+    dog.arm(time.monotonic() + 0.05, late)
+    assert late.wait(5) and fired == [1]
+    dog.disarm()
