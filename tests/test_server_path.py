@@ -69,3 +69,31 @@ def test_the_watchdog_rearmed_many_times_fires_only_for_a_passed_deadline() -> N
     dog.arm(time.monotonic() + 0.05, late)
     assert late.wait(5) and fired == [1]
     dog.disarm()
+
+
+def test_a_program_that_leaves_without_closing_its_worker_pool_still_exits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The workers ignore SIGTERM (the server stops them after its calls in flight), which is
+    # what multiprocessing sends daemonic children at exit before joining them: without the
+    # pool's exit hook this program never ends.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from dpsql.demo import make_demo_database\n"
+        "from dpsql.service import Service\n"
+        "if __name__ == '__main__':\n"
+        f"    home = Path({str(tmp_path)!r})\n"
+        "    make_demo_database(home / 'tiny.duckdb', rows=200, units=20)\n"
+        "    text = (Path({root!r}) / 'policies' / 'demo.toml').read_text()\n".replace("{root!r}", repr(str(root)))
+        + "    (home / 'policy.toml').write_text(text.replace('[server]', '[server]\\ndeadline_ms = 500', 1))\n"
+        "    service = Service.open(home / 'tiny.duckdb', home / 'policy.toml', home / 'ledger.sqlite', workers=2)\n"
+        "    print('opened', flush=True)\n"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert "opened" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 0
