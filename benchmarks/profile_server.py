@@ -81,7 +81,7 @@ class ProfiledServer(DpsqlFlightServer):
             profile.disable()
 
 
-def client(location: str, token: str, seconds: float, start: Any, out: Any) -> None:
+def client(location: str, token: str, seconds: float, start: Any, out: Any, repeats: bool = False) -> None:
     tag = f"p{os.getpid()}"
     done = 0
     with dpsql.Client(location, token=token) as c:
@@ -96,7 +96,8 @@ def client(location: str, token: str, seconds: float, start: Any, out: Any) -> N
         while time.perf_counter() < stop:
             i += 1
             try:
-                c.execute(f"SELECT COUNT(*) AS n_{tag}_{i} FROM visits", epsilon=EPSILON)
+                c.execute("SELECT COUNT(*) AS n FROM visits" if repeats else f"SELECT COUNT(*) AS n_{tag}_{i} FROM visits",
+                          epsilon=EPSILON)
                 done += 1
             except dpsql.QueryFailed:
                 pass
@@ -120,6 +121,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--top", type=int, default=35)
     parser.add_argument("--no-profile", action="store_true", help="the CPU split only, unprofiled")
+    parser.add_argument("--repeats", action="store_true", help="one query again and again (free repeats), not new ones")
     parser.add_argument("--slack", type=float, default=None, help="[server] deadline_slack")
     parser.add_argument("--deadline-base-ms", type=float, default=None, help="pin the speed model (with the next)")
     parser.add_argument("--deadline-ms-per-million-rows", type=float, default=None)
@@ -149,7 +151,7 @@ def main() -> int:
         context = mp.get_context("spawn")
         start = context.Barrier(args.clients + 1)
         out = context.Queue()
-        procs = [context.Process(target=client, args=(location, t, args.seconds, start, out)) for t in tokens]
+        procs = [context.Process(target=client, args=(location, t, args.seconds, start, out, args.repeats)) for t in tokens]
         for p in procs:
             p.start()
         start.wait()

@@ -48,7 +48,7 @@ from dpsql.normalize import Normalized, check_dialect, normalize
 from dpsql.normalize import without_options as _without_options
 from dpsql.privacy import BudgetStatus, Charge, Ledger
 from dpsql.public import engine_query, public_only, public_result
-from dpsql.repeats import Released, RepeatCache, answer_once, plan_key, policy_fingerprint
+from dpsql.repeats import CachedAnswer, Released, RepeatCache, answer_once, plan_key, policy_fingerprint
 from dpsql.cursor import Cursor
 from dpsql.engine import Engine, bind
 from dpsql.errors import Error, QueryFailed, QueryRejected
@@ -342,10 +342,12 @@ class Connection:
         elif bias and timing is not None:  # a second pass over the same rows, grouped as the query's
             result = timing.hold(lambda late: self._execute_with_bias(plan, sql, late),
                                  DEADLINE_FACTOR * timing.deadline(plan))
-        elif self._timing is None or self.is_repeat(plan, sql):
+        elif timing is None:
             result = self._answer(plan, sql)
+        elif (stored := self._stored(plan)) is not None:  # a free repeat: reads no data, not held
+            result = stored.result(plan, sql)
         else:
-            result = self._timing.hold(lambda late: self._answer(plan, sql, late), self._timing.deadline(plan))
+            result = timing.hold(lambda late: self._answer(plan, sql, late), timing.deadline(plan))
         return clamp_result(result, plan) if clamp_counts else result
 
     def _execute_with_bias(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
@@ -393,9 +395,13 @@ class Connection:
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""
+        return self._stored(plan) is not None
+
+    def _stored(self, plan: QueryPlan) -> CachedAnswer | None:
+        """``plan``'s answer in the repeat store, if any: one look (key, read, decode)."""
         if self._answers is None or uses_udf(plan):
-            return False
-        return self._answers.get(self._repeat_key(plan), self._anchor()) is not None
+            return None
+        return self._answers.get(self._repeat_key(plan), self._anchor())
 
     def _answer(self, plan: QueryPlan, sql: str, late: threading.Event | None = None) -> Result:
         """A fresh answer, with the repeat store wrapped around it (keyed on the plan)."""

@@ -139,6 +139,7 @@ from typing import TypeVar
 
 from dpsql.deadline_use import DeadlineUsage
 from dpsql.errors import BudgetExceeded, QueryFailed, RateLimited
+from dpsql.watchdog import Watchdog
 
 __all__ = [
     "Deadline", "DeadlineUsage", "Overrun", "ReleaseTiming", "Timing", "TimingModel", "available_cores", "coarse_rows", "contention",
@@ -263,6 +264,7 @@ class Timing:
         self._rows = {name.casefold(): int(n) for name, n in rows.items()}
         self._interrupt = interrupt
         self._slot = threading.Lock()
+        self._watchdog = Watchdog(interrupt)  # run_until's interrupts: one thread, re-armed per query
         self.overruns = 0
 
     @property
@@ -320,7 +322,6 @@ class Timing:
             return value  # type: ignore[return-value]
         raise value  # type: ignore[misc]
 
-
     def run_until(self, work: Callable[[threading.Event], _T], at: float) -> _T:
         """The engine half of a release-only hold (a worker's, :mod:`dpsql.workers`): run
         ``work`` in this thread now, its :class:`Deadline` set and the engine interrupted at
@@ -335,13 +336,11 @@ class Timing:
         """
         late = Deadline(at)
         with self._slot:
-            timer: threading.Timer | None = None
-            if at <= time.monotonic():
-                late.set()
+            armed = at > time.monotonic()
+            if armed:
+                self._watchdog.arm(at, late)
             else:
-                timer = threading.Timer(at - time.monotonic(), self._overrun, args=(late,))
-                timer.daemon = True
-                timer.start()
+                late.set()
             try:
                 value = work(late)
             except BaseException:
@@ -349,16 +348,11 @@ class Timing:
                     raise QueryFailed() from None
                 raise
             finally:
-                if timer is not None:
-                    timer.cancel()
-                    timer.join()  # an interrupt in flight lands before the next query starts
+                if armed:
+                    self._watchdog.disarm()  # an interrupt in flight lands before the next query starts
         if late.is_set():
             raise QueryFailed()
         return value
-
-    def _overrun(self, late: threading.Event) -> None:
-        late.set()
-        self._interrupt()
 
 
 class Overrun(QueryFailed):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import queue
 import signal
@@ -121,6 +122,10 @@ class WorkerPool:
             raise
         for worker in workers:
             self._idle.put(worker)
+        # The workers ignore SIGTERM, which is what multiprocessing sends its daemonic children
+        # at interpreter exit before it joins them: a program that exits without close() would
+        # wait for them forever. Closing first (exit priority >= 0 runs before that) stops them.
+        self._at_exit = multiprocessing.util.Finalize(None, self.close, exitpriority=10)
 
     def run(self, analyst: str, plan: QueryPlan, sql: str, at: float | Deadline, *, bias: bool = False,
             charge: Callable[[], None] | None = None) -> Result:
@@ -230,6 +235,7 @@ class WorkerPool:
             if self._closed:
                 return
             self._closed = True
+        self._at_exit.cancel()
         for _ in range(self.size):
             try:
                 worker = self._idle.get(timeout=_STOP_SECONDS)
