@@ -71,7 +71,6 @@ from dpsql.timing import Timing
 from dpsql.release.udf.registry import UDF, check_strategy, validate_udf
 from dpsql.report import charge_of, fresh_result, listed_keys_result, privacy_report, uses_udf, with_values
 
-
 __all__ = ["Connection", "Explanation"]
 
 log = logging.getLogger("dpsql")
@@ -186,9 +185,9 @@ class Connection:
         select = normalized.select if normalized is not None else None
         if public and select is not None and public_only(select, self._policy, self._engine.schema()):
             return select
-        # a question learned with other constants or aliases: its plan rebound (:mod:`dpsql.plancache`)
-        plan = self._templates.plan(sql, normalized, None if key is None else key[1:], self._checked, lambda n: self._analyze(
-            sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=n, bias=bias))
+        plan = self._templates.plan(  # learned with other constants or aliases: rebound (dpsql.plancache)
+            sql, normalized, None if key is None else key[1:], self._checked,
+            lambda n: self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=n, bias=bias))
         if key is not None:
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.pop(next(iter(self._plans)))
@@ -319,8 +318,7 @@ class Connection:
         read) on noisy counts, per cell, of the selected rows the caps dropped and of the
         values clipped into their bounds: ``res.bias`` (totals, and ``res.bias.cells``), a
         note in ``res.privacy``, and a second table in ``res.format()`` (:mod:`dpsql.release.bias`).
-        Under deadlines the answer is held for ``DEADLINE_FACTOR`` (4) times the query's deadline. Such a query is never a
-        free repeat.
+        Under deadlines it is held for ``DEADLINE_FACTOR`` (4) times the deadline; never a free repeat.
 
         Raises:
             QueryRejected, PolicyViolation: the query cannot be answered; nothing charged.
