@@ -69,6 +69,56 @@ class Prepared(str):
     __slots__ = ()
 
 
+class _Unoptimized(Prepared):
+    """A :class:`Prepared` text that a small database runs with DuckDB's optimizer off
+    (:func:`runs_unoptimized`, :data:`SMALL_TABLE_OPTIMIZER`)."""
+
+    __slots__ = ()
+
+
+def runs_unoptimized(query: exp.Expression) -> bool:
+    """Whether a bounded query's plan as written is cheap, so that a small database may run
+    it unoptimized: every SELECT in it is the query, a CTE or a FROM/JOIN source, or
+    ``IN (SELECT UNNEST(<list parameter>))`` (listed keys), and it has no window. Anything
+    else stays optimized: unoptimized, a correlated ``EXISTS`` (an ``IN`` over the unit:
+    :mod:`dpsql.analyze.semijoins`) ran 40x slower at 60,000 rows, value queries' windows 2x.
+
+    >>> import sqlglot
+    >>> runs_unoptimized(sqlglot.parse_one("SELECT g, sum(n) FROM (SELECT u, g, count(*) AS n FROM t GROUP BY u, g) GROUP BY g"))
+    True
+    >>> runs_unoptimized(sqlglot.parse_one("SELECT count(*) FROM t WHERE EXISTS (SELECT 1 FROM s WHERE s.u = t.u)"))
+    False
+    >>> runs_unoptimized(sqlglot.parse_one("SELECT count(*) FROM t WHERE g IN (SELECT UNNEST($k))", read="duckdb"))
+    True
+    """
+    if query.find(exp.Window) is not None:
+        return False
+    for select in query.find_all(exp.Select):
+        parent = select.parent
+        if select is query or isinstance(parent, exp.CTE):
+            continue
+        if isinstance(parent, exp.Subquery) and isinstance(parent.parent, (exp.From, exp.Join)):
+            continue
+        if (isinstance(parent, exp.Subquery) and isinstance(parent.parent, exp.In) and parent.arg_key == "query"
+                and select.args.get("from_") is None and select.args.get("from") is None
+                and len(select.expressions) == 1 and _unnests_a_parameter(select.expressions[0])):
+            continue
+        return False
+    return True
+
+
+def _unnests_a_parameter(node: exp.Expr) -> bool:
+    """``UNNEST($k)`` or ``UNNEST(CAST($k AS T[]))``, as sqlglot reads it or dpsql writes it."""
+    if isinstance(node, exp.Explode):
+        args = [node.this]
+    elif isinstance(node, exp.Unnest) or (isinstance(node, exp.Anonymous) and str(node.this).lower() == "unnest"):
+        args = list(node.expressions)
+    else:
+        return False
+    args = [a.this if isinstance(a, exp.Cast) else a for a in args]
+    return len(args) == 1 and isinstance(args[0], (exp.Placeholder, exp.Parameter))
+
+
 def _literal_parameter(value: object) -> bool:
     """Whether a parameter can be written into an ``EXECUTE`` as a literal: an integer (the
     salts) or a string (a plan's literal parameters, :mod:`dpsql.rewrite.key`); a list
@@ -166,6 +216,8 @@ class DuckDBEngine:
         self._lock = threading.Lock()
         self._statements: dict[str, str | None] = {}  # SQL text -> prepared statement name (None: run once), oldest first
         self._prepared_count = 0
+        self._plain: duckdb.DuckDBPyConnection | None = None  # optimizer off: a small file's (_open_hardened)
+        self._running: duckdb.DuckDBPyConnection | None = None
         if isinstance(database, duckdb.DuckDBPyConnection):
             self._con = database
             self._catalog: str | None = None
@@ -173,7 +225,7 @@ class DuckDBEngine:
             self._version = f"owner:{data_version}" if data_version is not None else "wrapped"
         else:
             path = os.fspath(database)
-            self._con = _open_hardened(path)
+            self._con, self._plain = _open_hardened(path)
             self._catalog = _ATTACHED
             self._owned = True
             info = os.stat(path)
@@ -236,8 +288,11 @@ class DuckDBEngine:
     def prepare(self, query: exp.Expression) -> Prepared:
         """The tree's text, written without the copy sqlglot's ``.sql()`` makes first (60%
         of writing it): the tree may be changed by the writing, so hand it a fresh one.
-        :meth:`run` keeps it as a DuckDB prepared statement (see :class:`Prepared`)."""
-        return Prepared(Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False))
+        :meth:`run` keeps it as a DuckDB prepared statement (see :class:`Prepared`); on a
+        small file, unoptimized where :func:`runs_unoptimized` says so."""
+        plain = self._plain is not None and runs_unoptimized(query)
+        text = Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False)
+        return _Unoptimized(text) if plain else Prepared(text)
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run ``query`` and return its rows as Arrow.
@@ -248,31 +303,37 @@ class DuckDBEngine:
         optimized once per text), its integer parameters written into the ``EXECUTE``; a
         run binding a list parameter runs the text directly."""
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
+        con = self._plain if isinstance(query, _Unoptimized) and self._plain is not None else self._con
         with self._lock:
+            self._running = con
             statement = None
             if isinstance(query, Prepared) and all(_literal_parameter(v) for v in (params or {}).values()):
-                statement = self._statement(sql, params or {})
+                statement = self._statement(con, sql, params or {})
             if statement is not None:
-                return _arrow(self._con, statement, None)
-            return _arrow(self._con, sql, dict(params) if params else None)
+                return _arrow(con, statement, None)
+            return _arrow(con, sql, dict(params) if params else None)
 
-    def _statement(self, sql: str, params: Mapping[str, object]) -> str | None:
+    def _statement(self, con: duckdb.DuckDBPyConnection, sql: str, params: Mapping[str, object]) -> str | None:
         """``EXECUTE`` of the prepared statement for ``sql``, ``params`` written in; ``None``
         the first time ``sql`` is seen (run it directly). DuckDB binds and plans an
         ``EXECUTE`` again on every run, so a statement saves only the parsing, while
         ``PREPARE`` costs a full planning: a text is prepared on its second run (a new
         question's text, run once, was 9.7 against 4.7 ms prepared, under load). The oldest
-        of more than ``_STATEMENTS`` texts is forgotten (deallocated if prepared)."""
+        of more than ``_STATEMENTS`` texts is forgotten (deallocated if prepared). A text is
+        always run on the same connection ``con`` (its class says which), so a statement
+        lives on the connection that runs it."""
         seen = sql in self._statements
         name = self._statements.pop(sql, None)
         if name is None and seen:
             self._prepared_count += 1
             name = f"__dpsql_s{self._prepared_count}"
-            self._con.execute(f"PREPARE {name} AS {sql}")
+            con.execute(f"PREPARE {name} AS {sql}")
         if not seen and len(self._statements) >= _STATEMENTS:
             oldest = self._statements.pop(next(iter(self._statements)))
             if oldest is not None:
-                self._con.execute(f"DEALLOCATE {oldest}")
+                for each in (self._con, self._plain):  # not prepared on one of them: nothing to drop there
+                    if each is not None:
+                        each.execute(f"DEALLOCATE {oldest}")
         self._statements[sql] = name  # most recently used last
         if name is None:
             return None
@@ -302,10 +363,12 @@ class DuckDBEngine:
 
     def interrupt(self) -> None:
         """Stop the statement running now, if any (callable from any thread)."""
-        self._con.interrupt()
+        (self._running or self._con).interrupt()
 
     def close(self) -> None:
         if self._owned:
+            if self._plain is not None:
+                self._plain.close()
             self._con.close()
 
 
@@ -321,7 +384,9 @@ def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] |
     return con.execute(sql, params).to_arrow_table()
 
 
-def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
+def _open_hardened(path: str) -> tuple[duckdb.DuckDBPyConnection, duckdb.DuckDBPyConnection | None]:
+    """The locked connection to a private instance with ``path`` attached, and for a small
+    file a second, unoptimized connection to the same instance (:func:`_set_threads`)."""
     if not os.path.exists(path):
         raise Error(f"database file {path!r} does not exist. Pass the path of an existing DuckDB file.")
     con = open_for_data()
@@ -334,8 +399,8 @@ def _open_hardened(path: str) -> duckdb.DuckDBPyConnection:
             f"cannot open {path!r} read-only: {e}. If this process already has the file open "
             "read-write, pass that connection to dpsql.connect instead of the path."
         ) from None
-    _set_threads(con)
-    return lock(con)
+    plain = _set_threads(con)
+    return lock(con), plain
 
 
 #: Tables of at most this many rows (coarsened) are read by one DuckDB thread: DuckDB splits
@@ -350,15 +415,29 @@ ONE_THREAD_ROWS = 65_536
 #: rewrite the plan, never its result.
 SMALL_TABLE_OPTIMIZERS_OFF = ("expression_rewriter", "statistics_propagation", "common_subexpressions")
 
+#: Whether a small file's plain bounded queries (:func:`runs_unoptimized`) run optimized.
+#: They run on a second connection with the optimizer off: in DuckDB 2.0 an optimized
+#: prepared statement is bound and optimized again on every ``EXECUTE`` (profiler: binding
+#: 1.43 ms and optimizer 0.57 ms for 0.2 ms of execution, a bounded GROUP BY on 1,000 rows),
+#: an unoptimized one only once (``EXECUTE`` 1.96 -> 0.49 ms, binding 0.004 ms; issue 16,
+#: ``benchmarks/HISTORY.md``). The optimizer only rewrites a plan, never its result; the
+#: shapes that need it (correlated subqueries, windows) stay on the optimized connection.
+SMALL_TABLE_OPTIMIZER = False
 
-def _set_threads(con: duckdb.DuckDBPyConnection) -> None:
-    """One thread, and fewer optimizer passes (:data:`SMALL_TABLE_OPTIMIZERS_OFF`), when
-    every attached table is small, DuckDB's defaults otherwise: decided from the catalog's
-    metadata (no data read), one bit of a table size as coarse as the timing model's
-    (:func:`dpsql.timing.coarse_rows`)."""
+
+def _set_threads(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection | None:
+    """One thread, fewer optimizer passes (:data:`SMALL_TABLE_OPTIMIZERS_OFF`) and a second
+    connection without the optimizer (:data:`SMALL_TABLE_OPTIMIZER`, returned) when every
+    attached table is small; DuckDB's defaults and ``None`` otherwise. Decided from the
+    catalog's metadata (no data read), one bit of a table size as coarse as the timing
+    model's (:func:`dpsql.timing.coarse_rows`). Call it before :func:`~dpsql.hardened.lock`."""
     rows = con.execute(
         "SELECT max(estimated_size) FROM duckdb_tables() WHERE database_name = $db", {"db": _ATTACHED}
     ).fetchall()[0][0]
-    if int(rows or 0) <= ONE_THREAD_ROWS:
-        con.execute("SET threads = 1")
-        con.execute(f"SET disabled_optimizers = '{','.join(SMALL_TABLE_OPTIMIZERS_OFF)}'")
+    if int(rows or 0) > ONE_THREAD_ROWS:
+        return None
+    con.execute("SET threads = 1")
+    con.execute(f"SET disabled_optimizers = '{','.join(SMALL_TABLE_OPTIMIZERS_OFF)}'")
+    plain = con.cursor()  # the same instance and attached file; its own session settings
+    plain.execute(f"SET SESSION enable_optimizer = {str(SMALL_TABLE_OPTIMIZER).lower()}")
+    return plain

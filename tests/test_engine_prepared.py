@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
@@ -65,6 +66,9 @@ def test_threads_follow_the_coarse_table_size(tmp_path: Path) -> None:
     assert threads[1] == duckdb.connect().execute("SELECT current_setting('threads')").fetchall()[0][0]
     off = [e._con.execute("SELECT current_setting('disabled_optimizers')").fetchall()[0][0] for e in (small, large)]
     assert set(off[0].split(",")) == set(engine_module.SMALL_TABLE_OPTIMIZERS_OFF) and off[1] == ""
+    assert large._plain is None and small._plain is not None
+    optimizer = [c.execute("SELECT current_setting('enable_optimizer')").fetchall()[0][0] for c in (small._con, small._plain)]
+    assert optimizer == [True, False]  # the second connection's own session setting
     small.close()
     large.close()
 
@@ -89,3 +93,70 @@ def test_the_arrow_terminal_gives_what_the_db_api_gives(tmp_path: Path, monkeypa
     with pytest.raises(duckdb.Error):
         engine.run("SELECT * FROM no_such_table")
     engine.close()
+
+
+def _binding_ms(con: duckdb.DuckDBPyConnection, sql: str, profile: Path) -> float:
+    con.execute(sql).fetchall()
+    return float(json.loads(profile.read_text())["planner"]["binding_time"]) * 1e3
+
+
+def test_a_small_tables_prepared_statement_is_bound_once(tmp_path: Path) -> None:
+    """Why small tables run unoptimized (:data:`dpsql.engine.SMALL_TABLE_OPTIMIZER`): DuckDB
+    2.0 binds an optimized prepared statement again on every EXECUTE, an unoptimized one
+    only when prepared. Read from DuckDB's own profiler (its binding phase, no wall clock),
+    on a connection set up as the engine sets up a small table's."""
+    path = _database(tmp_path / "d.duckdb", 1000)
+    query = ('SELECT g, sum(n) AS n, sum(s) AS s FROM (SELECT x % 7 AS u, g, least(count(*), 10) AS n, '
+             'CAST(sum(x) AS HUGEINT) * 3 AS s FROM "dpsql_data"."main"."t" GROUP BY ALL) GROUP BY g')
+    profile = tmp_path / "profile.json"
+    binding = {}
+    for optimizer in (True, False):
+        con = duckdb.connect()
+        con.execute(f"ATTACH '{path}' AS dpsql_data (READ_ONLY)")
+        plain = engine_module._set_threads(con)  # a small table's settings
+        assert plain is not None
+        if not optimizer:
+            con = plain
+        assert con.execute("SELECT current_setting('enable_optimizer')").fetchall()[0][0] is optimizer
+        con.execute("PRAGMA enable_profiling = 'json'")
+        con.execute(f"PRAGMA profiling_output = '{profile}'")
+        con.execute("SET profiling_mode = 'detailed'")
+        con.execute(f"PREPARE q AS {query}")
+        direct = min(_binding_ms(con, query, profile) for _ in range(3))
+        executed = min(_binding_ms(con, "EXECUTE q", profile) for _ in range(3))
+        binding[optimizer] = (direct, executed)
+        assert con.execute("EXECUTE q").fetchall() == con.execute(query).fetchall()
+        con.close()
+    direct, executed = binding[False]
+    assert executed < 0.2 * direct, binding  # bound once: EXECUTE does not bind again
+
+
+def test_plain_bounded_queries_run_unoptimized_and_the_rest_optimized(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a small file, a bounded GROUP BY (with listed keys' ``IN (SELECT UNNEST($k))``) runs
+    on the unoptimized connection; a correlated EXISTS (an IN over the unit) and the value
+    query of a MEDIAN (windows) on the optimized one, which plans them in linear time."""
+    import dpsql  # noqa: PLC0415
+    from dpsql.demo import demo_database  # noqa: PLC0415
+
+    db = demo_database(tmp_path / "demo.duckdb", rows=2000, units=200)
+    used: list[bool] = []
+    real = engine_module._arrow
+
+    def spy(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None) -> object:
+        used.append(con is conn._engine._plain)  # type: ignore[attr-defined]
+        return real(con, sql, params)
+
+    monkeypatch.setattr(engine_module, "_arrow", spy)
+    conn = dpsql.connect(db, policy="policies/demo.toml", analyst="alice")
+    shapes = {
+        "SELECT region, device, COUNT(*), AVG(income) FROM visits GROUP BY region, device": [True],
+        "SELECT city, COUNT(*) FROM visits GROUP BY city": [True],
+        "SELECT COUNT(*) FROM visits WHERE user_id IN (SELECT user_id FROM visits WHERE device = 'tablet')": [False],
+        "SELECT region, MEDIAN(age) FROM visits GROUP BY region": [True, False],  # bounded query, then values
+    }
+    for sql, expected in shapes.items():
+        used.clear()
+        conn.execute(sql, epsilon=0.1, delta=1e-7)
+        assert used == expected, sql
+    conn.close()
