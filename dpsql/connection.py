@@ -4,7 +4,7 @@
 
     plan    = bind(analyze(sql, policy, schema, epsilon, delta), engine)  # every refusal, no data read
     bounded = bounded_query(plan)                            # rewrite: the plan alone -> bounded SQL
-    ledger.charge(analyst, budget, charge_of(plan, sql))     # before any private table is read
+    ledger.reserve(analyst, budget, charge_of(plan, sql))    # decided before any private table is read
     exact   = engine.run(prepared, bounded.arguments())      # engine: bounded, clipped, exact sums
     noisy   = noisy_table(plan, exact)                       # release: discrete noise, aggregates
     table   = postprocessor.run(plan, noisy)                 # postprocess: select list, HAVING, ORDER BY
@@ -38,8 +38,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from types import TracebackType
-
+from typing import TypeVar
 
 import sqlglot.expressions as exp
 
@@ -49,7 +50,7 @@ from dpsql.normalize import without_options as _without_options
 from dpsql.privacy import BudgetStatus, Charge, Ledger
 from dpsql.public import engine_query, public_only, public_result
 from dpsql.repeats import CachedAnswer, Released, RepeatCache, answer_once, plan_key, policy_fingerprint
-from dpsql.cursor import Cursor
+from dpsql.cursor import DBAPIConnection
 from dpsql.engine import Engine, bind
 from dpsql.errors import Error, QueryFailed, QueryRejected
 from dpsql.explain import Explanation, dry_run_composition, smallest_epsilon
@@ -74,6 +75,7 @@ from dpsql.report import charge_of, fresh_result, listed_keys_result, privacy_re
 __all__ = ["Connection", "Explanation"]
 
 log = logging.getLogger("dpsql")
+T = TypeVar("T")
 
 #: Plans remembered per connection.
 _PLAN_CACHE = 256
@@ -82,7 +84,7 @@ _PLAN_CACHE = 256
 MAX_PUBLIC_KEYS = 10_000
 
 
-class Connection:
+class Connection(DBAPIConnection):
     """A differentially private view of one database for one analyst; also a DB-API 2.0
     connection (``cursor()``, ``commit()``, ``rollback()``, ``close()``: :mod:`dpsql.dbapi`).
 
@@ -91,8 +93,6 @@ class Connection:
             call names it (``None``: the policy's ``default_epsilon``, and 0).
     """
 
-    epsilon: float | None = None
-    delta: float | None = None
 
     def __init__(
         self,
@@ -219,20 +219,21 @@ class Connection:
     def _public_rows(self, query: exp.Select) -> list[tuple[object, ...]]:
         """The rows of a query over public tables only (:mod:`dpsql.normalize` checked it)."""
         text = engine_query(query, self._engine)
-        if self._timing is not None:  # not while another query runs: its time would show
-            with self._timing.slot:
-                return [tuple(r.values()) for r in self._engine.run(text).to_pylist()]
-        return [tuple(r.values()) for r in self._engine.run(text).to_pylist()]
+        return self._apart(lambda: [tuple(r.values()) for r in self._engine.run(text).to_pylist()])
+
+    def _apart(self, work: Callable[[], T]) -> T:
+        """``work()``, not while another query runs when answers are timed: its time would show."""
+        if self._timing is None:
+            return work()
+        with self._timing.slot:
+            return work()
 
     def _public_values(self, table: str, column: str) -> tuple[object, ...] | None:
         """A public table's distinct values of a column (public data), ``None`` past
         ``MAX_PUBLIC_KEYS`` (such a key then goes through partition selection)."""
         if not self._policy.table(table) or not self._policy.table(table).public:  # type: ignore[union-attr]
             return None
-        if self._timing is not None:  # not while another query runs: its time would show
-            with self._timing.slot:
-                return self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS)
-        return self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS)
+        return self._apart(lambda: self._engine.distinct_values(table, column, MAX_PUBLIC_KEYS))
 
     def explain(self, sql: str, *, epsilon: float | None = None, delta: float | None = None,
                 dialect: str | None = None) -> Explanation:
@@ -409,12 +410,17 @@ class Connection:
                            lambda: self._fresh(plan, sql, charge_of(plan, sql), late))
 
     def _fresh(self, plan: QueryPlan, sql: str, charge: Charge, late: threading.Event | None = None) -> Released:
-        """charge -> engine -> release -> postprocess -> report: the charge is made before
-        any private table is read."""
-        self._ledger.charge(self._analyst, self._policy.budget_for(self._analyst), charge)
-        noisy, values = self._reader.read(plan, late)
-        table, cells = self._post.run(plan, noisy)
-        return Released(with_values(fresh_result(plan, table, cells, sql, cached=False), plan, values), table, cells)
+        """charge -> engine -> release -> postprocess -> report: the charge is decided before
+        any private table is read and on disk before anything is returned (its commit
+        overlaps the read: :mod:`dpsql.privacy.reservation`)."""
+        reservation = self._ledger.reserve(self._analyst, self._policy.budget_for(self._analyst), charge)
+        try:
+            noisy, values = self._reader.read(plan, late)
+            table, cells = self._post.run(plan, noisy)
+            result = with_values(fresh_result(plan, table, cells, sql, cached=False), plan, values)
+        finally:
+            reservation.wait()
+        return Released(result, table, cells)
 
     def register_udf(
         self,
@@ -453,19 +459,6 @@ class Connection:
                 return "no events"
             self._anchor_cache = f"{first[0].id}:{first[0].time!r}"
         return self._anchor_cache
-
-    def cursor(self, *, epsilon: float | None = None, delta: float | None = None) -> Cursor:
-        """A DB-API cursor spending ``epsilon``/``delta`` per execute (default: the
-        connection's ``epsilon``/``delta``); see :mod:`dpsql.dbapi`."""
-        self._check_open()
-        return Cursor(self, epsilon=self.epsilon if epsilon is None else epsilon,
-                      delta=self.delta if delta is None else delta)
-
-    def commit(self) -> None:
-        """Nothing to commit (DB-API): dpsql only reads, and a charge is recorded when made."""
-
-    def rollback(self) -> None:
-        """Nothing to roll back (DB-API): a charge is final and is never undone."""
 
     @property
     def closed(self) -> bool:

@@ -5,7 +5,7 @@ direction only)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from dpsql.connection import Connection
     from dpsql.result import Result
 
-__all__ = ["Cursor", "Description"]
+__all__ = ["Cursor", "DBAPIConnection", "Description"]
 
 # ---------------------------------------------------------------- the cursor
 
@@ -177,3 +177,25 @@ class Cursor:
         state = "closed" if self._closed else f"{self.rowcount} rows" if self.result is not None else "no query yet"
         return f"<dpsql Cursor: {state}>"
 
+
+class DBAPIConnection:
+    """What makes :class:`~dpsql.connection.Connection` a PEP 249 connection besides
+    ``close()``: ``cursor()``, ``commit()`` and ``rollback()``."""
+
+    epsilon: float | None = None
+    delta: float | None = None
+
+    _check_open: Callable[[], None]  # the Connection's
+
+    def cursor(self, *, epsilon: float | None = None, delta: float | None = None) -> Cursor:
+        """A DB-API cursor spending ``epsilon``/``delta`` per execute (default: the
+        connection's ``epsilon``/``delta``); see :mod:`dpsql.dbapi`."""
+        self._check_open()
+        return Cursor(self, epsilon=self.epsilon if epsilon is None else epsilon,  # type: ignore[arg-type]
+                      delta=self.delta if delta is None else delta)
+
+    def commit(self) -> None:
+        """Nothing to commit (DB-API): dpsql only reads, and a charge is recorded when made."""
+
+    def rollback(self) -> None:
+        """Nothing to roll back (DB-API): a charge is final and is never undone."""

@@ -25,7 +25,9 @@ thread), for the deadline of :mod:`dpsql.timing`.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import threading
 import warnings
 from collections.abc import Mapping
@@ -126,12 +128,28 @@ def _literal_parameter(value: object) -> bool:
     return type(value) is int or type(value) is str
 
 
-def _execute_argument(value: object) -> str:
+def _execute_argument(name: str, value: object, sql: str) -> str:
     """A parameter as the ``EXECUTE`` literal: an integer in digits; a string written by
-    sqlglot's DuckDB writer, exactly as the bounded SQL would write that literal."""
+    sqlglot's DuckDB writer, exactly as the bounded SQL would write that literal.
+
+    A salt that the text reads only as ``CAST($salt AS UBIGINT)`` (:mod:`dpsql.rewrite.nodes`)
+    goes in as a ``UBIGINT``, the same value the query's own cast makes: DuckDB binds a
+    prepared statement again when a parameter's type differs from the one it was prepared
+    with, and a bare integer is an ``INTEGER_LITERAL``. (A parameter read twice in a text is
+    bound again on every run whatever its type.)"""
     if type(value) is int:
+        if 0 <= value < 2**64 and _only_ubigint(name, sql):
+            return f"CAST({value} AS UBIGINT)"
         return str(value)
     return exp.Literal.string(str(value)).sql(dialect="duckdb")
+
+
+@functools.lru_cache(maxsize=256)
+def _only_ubigint(name: str, sql: str) -> bool:
+    """Whether every use of ``$name`` in ``sql`` is ``CAST($name AS UBIGINT)``."""
+    marker = f"${name}"
+    uses = len(re.findall(re.escape(marker) + r"(?![A-Za-z0-9_])", sql))
+    return uses > 0 and sql.count(f"CAST({marker} AS UBIGINT)") == uses
 
 
 
@@ -339,7 +357,7 @@ class DuckDBEngine:
             return None
         if not params:
             return f"EXECUTE {name}"
-        return f"EXECUTE {name}(" + ", ".join(f"{k} := {_execute_argument(v)}" for k, v in params.items()) + ")"
+        return f"EXECUTE {name}(" + ", ".join(f"{k} := {_execute_argument(k, v, sql)}" for k, v in params.items()) + ")"
 
     def shown_sql(self, query: exp.Expression) -> str:
         return query.sql(dialect=self.dialect, pretty=True)

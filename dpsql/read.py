@@ -25,7 +25,7 @@ from dpsql.plan import QueryPlan
 from dpsql.release import noisy_table
 from dpsql.release.udf import UDF
 from dpsql.rewrite import Bounded, bounded_query, value_query
-from dpsql.rewrite.key import keyed, parameterized
+from dpsql.rewrite.key import KeyMemo, parameterized
 
 __all__ = ["Reader"]
 
@@ -52,6 +52,7 @@ class Reader:
         self._udfs: Mapping[str, UDF] = {} if udfs is None else udfs
         self._prepared: dict[int, tuple[QueryPlan, exp.Expression | str, Bounded, dict[str, str]]] = {}
         self._by_key: dict[Hashable, tuple[exp.Expression | str, Bounded]] = {}
+        self._keys = KeyMemo()
         self._lock = threading.Lock()
 
     def read(self, plan: QueryPlan, late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
@@ -89,7 +90,7 @@ class Reader:
         parameters (the plan's own constants, bound as VARCHAR values) differ."""
         held = self._prepared.get(id(plan))
         if held is None or held[0] is not plan:
-            found = keyed(plan)
+            found = self._keys.keyed(plan)
             key, literals = found if found is not None else (None, {})
             with self._lock:
                 shared = self._by_key.pop(key, None) if key is not None else None

@@ -26,7 +26,7 @@ import dpsql
 from dpsql.demo import demo_database
 from dpsql.plan import GaussianParams, GroupKey, LaplaceParams, Measurement, QueryPlan, Selection
 from dpsql.rewrite import bounded_query
-from dpsql.rewrite.key import UNREAD, bounding_key, parameterized
+from dpsql.rewrite.key import UNREAD, KeyMemo, bounding_key, keyed, parameterized
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
 from corpus_queries import CASES  # noqa: E402
@@ -159,6 +159,24 @@ def test_a_field_in_the_key_changes_it(corpus_plans: list[QueryPlan]) -> None:
         other = dataclasses.replace(plan, measurements=(dataclasses.replace(m, **{name: _perturbed(getattr(m, name))}),
                                                         *plan.measurements[1:]))
         assert bounding_key(other) != key, name
+
+
+def test_the_key_memo_gives_the_walks_key_and_misses_on_any_new_field(corpus_plans: list[QueryPlan]) -> None:
+    """:class:`KeyMemo` serves a plan whose read fields are the very objects of one seen, and
+    walks again for anything else: a new field object (even an equal one), in or out of the
+    memo's size."""
+    memo = KeyMemo(size=8)
+    for plan in corpus_plans[:40]:
+        assert memo.keyed(plan) == keyed(plan)
+        renamed = dataclasses.replace(plan, sql=plan.sql + " ", output_names=tuple(n + "_x" for n in plan.output_names))
+        assert memo.keyed(renamed) is memo.keyed(plan)  # shared fields: served, not walked
+    plan = next(p for p in corpus_plans if p.where is not None and p.measurements)
+    memo.keyed(plan)
+    other = dataclasses.replace(plan, where=exp.and_(plan.where, exp.column("x").eq(1)))
+    assert memo.keyed(other) == keyed(other) != keyed(plan)
+    copied = dataclasses.replace(plan, measurements=tuple(dataclasses.replace(m) for m in plan.measurements))
+    before = memo.keyed(plan)
+    assert memo.keyed(copied) == before and memo.keyed(copied) is not before  # equal, but walked afresh
 
 
 def test_literals_keep_their_type_and_case() -> None:

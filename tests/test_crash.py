@@ -37,7 +37,8 @@ EPSILON = 0.5
 #: kill point -> charges committed when the process dies there
 KILL_POINTS = {
     "mid_charge": 0,  # inside the ledger's transaction, after the insert, before COMMIT
-    "charge": 1,  # right after the charge committed, before any data is read
+    "charge": 1,  # right after the charge committed (written to the WAL), its fsync under way, before any read
+    "sync": 1,  # right after the WAL's fsync (on the ledger's sync thread, the read under way)
     "engine": 1,  # during the engine query: charged first (DESIGN §7), nothing noisy yet
     "release": 1,  # the answer built (post-processing done), not yet stored or returned
     "store": 1,  # the answer written to the answers file, its transaction not committed
@@ -71,7 +72,9 @@ def arm(point: str | None) -> None:
     elif point == "mid_charge":
         _after(Ledger, "_insert")
     elif point == "charge":
-        _after(Ledger, "charge")
+        _after(Ledger, "_charge")
+    elif point == "sync":
+        _after(Ledger, "_sync")
     elif point == "release":
         _after(Postprocessor, "run")
     elif point == "store":

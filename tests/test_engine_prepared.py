@@ -131,6 +131,35 @@ def test_a_small_tables_prepared_statement_is_bound_once(tmp_path: Path) -> None
     assert executed < 0.2 * direct, binding  # bound once: EXECUTE does not bind again
 
 
+def test_a_salt_goes_into_execute_as_the_type_it_was_prepared_with(tmp_path: Path) -> None:
+    """A salt read only as ``CAST($salt AS UBIGINT)`` is written into ``EXECUTE`` as a
+    ``UBIGINT``: as a bare integer (an ``INTEGER_LITERAL``) DuckDB binds the statement again
+    on every run. Same rows either way; profiler as above."""
+    path = _database(tmp_path / "d.duckdb", 1000)
+    con = duckdb.connect()
+    con.execute(f"ATTACH '{path}' AS dpsql_data (READ_ONLY)")
+    plain = engine_module._set_threads(con)
+    assert plain is not None
+    profile = tmp_path / "profile.json"
+    plain.execute("PRAGMA enable_profiling = 'json'")
+    plain.execute(f"PRAGMA profiling_output = '{profile}'")
+    plain.execute("SET profiling_mode = 'detailed'")
+    query = ('SELECT g, sum(n) AS n, sum(s) AS s, sum(h) AS h FROM (SELECT x % 7 AS u, g, least(count(*), 10) AS n, '
+             'CAST(sum(x) AS HUGEINT) * 3 AS s, sum(hash(hash(x), CAST($salt AS UBIGINT)) % 1000) AS h '
+             'FROM "dpsql_data"."main"."t" GROUP BY ALL) GROUP BY g')
+    plain.execute(f"PREPARE q AS {query}")
+    salt = 2**63 + 12345
+    typed = engine_module._execute_argument("salt", salt, query)
+    assert typed == f"CAST({salt} AS UBIGINT)"
+    assert engine_module._execute_argument("salt", salt, query + " AND $salt = 1") == str(salt)  # read bare too
+    direct = min(_binding_ms(plain, query.replace("$salt", str(salt)), profile) for _ in range(3))
+    bare = min(_binding_ms(plain, f"EXECUTE q(salt := {salt})", profile) for _ in range(3))
+    cast = min(_binding_ms(plain, f"EXECUTE q(salt := {typed})", profile) for _ in range(3))
+    assert cast < 0.25 * direct and cast < 0.25 * bare, (direct, bare, cast)
+    assert plain.execute(f"EXECUTE q(salt := {typed})").fetchall() == plain.execute(f"EXECUTE q(salt := {salt})").fetchall()
+    con.close()
+
+
 def test_plain_bounded_queries_run_unoptimized_and_the_rest_optimized(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """On a small file, a bounded GROUP BY (with listed keys' ``IN (SELECT UNNEST($k))``) runs

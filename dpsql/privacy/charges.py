@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
-from dpsql.errors import InternalError
+from dpsql.errors import BudgetExceeded, InternalError
 from dpsql.privacy.events import DpEvent, encode, event_from_description
 
 __all__ = [
@@ -279,3 +279,36 @@ def _events_json(events: tuple[DpEvent, ...]) -> str:
 def _format_amount(value: float) -> str:
     """Format an amount for a message: ``0``, ``0.3``, ``1e-05``."""
     return "0" if value == 0 else repr(value)
+
+
+def _budget_exceeded(analyst: str, new: tuple[int, int], spent: tuple[int, int],
+                     after: tuple[int, int], total: tuple[int, int],
+                     accountant: str = "basic") -> BudgetExceeded:
+    """Build the error for a refused charge: requested, remaining, and the shortfall.
+
+    Under an accountant other than ``basic`` the shortfall is that of the composition, so
+    the message also says what everything spent plus this query would compose to."""
+    requested = units_to_epsilon(new[0]), units_to_delta(new[1])
+    remaining = (units_to_epsilon(max(0, total[0] - spent[0])),
+                 units_to_delta(max(0, total[1] - spent[1])))
+    short = []
+    if after[0] > total[0]:
+        short.append(("epsilon", units_to_epsilon(after[0] - total[0])))
+    if after[1] > total[1]:
+        short.append(("delta", units_to_delta(after[1] - total[1])))
+    shortfall = ", ".join(f"{name}={_format_amount(value)}" for name, value in short)
+    smaller = " and ".join(name for name, _ in short)
+    composed = ""
+    if accountant != "basic":
+        composed = (
+            f" Composed by the {accountant} accountant at the budget's "
+            f"delta={_format_amount(units_to_delta(total[1]))}, everything spent plus this "
+            f"query is epsilon={_format_amount(units_to_epsilon(after[0]))}, "
+            f"delta={_format_amount(units_to_delta(after[1]))}.")
+    message = (
+        f"Budget exceeded for analyst {analyst!r}: this query needs "
+        f"epsilon={_format_amount(requested[0])}, delta={_format_amount(requested[1])} "
+        f"but only epsilon={_format_amount(remaining[0])}, "
+        f"delta={_format_amount(remaining[1])} remain (short by {shortfall}).{composed} "
+        f"Ask for a smaller {smaller} or a larger budget.")
+    return BudgetExceeded(message, requested=requested, remaining=remaining)

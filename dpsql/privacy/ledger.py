@@ -65,7 +65,7 @@ from fractions import Fraction
 from types import TracebackType
 from typing import NamedTuple
 
-from dpsql.errors import BudgetExceeded, Error
+from dpsql.errors import Error
 from dpsql.privacy.accountants import (
     Accountant,
     BasicAccountant,
@@ -80,9 +80,9 @@ from dpsql.privacy.charges import (
     BudgetStatus,
     Charge,
     ChargeRecord,
+    _budget_exceeded,
     _check_amount,
     _events_json,
-    _format_amount,
     budget_units,
     charge_units,
     delta_to_units_up,
@@ -91,7 +91,8 @@ from dpsql.privacy.charges import (
     units_to_epsilon,
 )
 from dpsql.privacy.events import decode
-from dpsql.sqlitefile import guarded, make_durable, open_database, open_writer_queue, write_transaction
+from dpsql.privacy.reservation import Reservation, Syncer
+from dpsql.sqlitefile import guarded, make_durable, open_database, open_writer_queue, sync_wal, write_transaction
 
 __all__ = ["Ledger"]
 #: The file's schema. Each row's ``mechanisms`` carries its own version: typed privacy events
@@ -150,6 +151,7 @@ class Ledger:
             accountant = accountant_named(accountant)
         self.accountant: Accountant = accountant if accountant is not None else BasicAccountant()
         self._lock = threading.Lock()
+        self._syncer = Syncer()  # reserve()'s fsyncs
         self._conn = _open(self.path)
         self._lock_file = open_writer_queue(self.path)
         self._seen: dict[str, _Spent] = {}
@@ -178,12 +180,38 @@ class Ledger:
             BudgetExceeded: If the charge would overspend; nothing is written then.
             InternalError: If an amount is invalid.
         """
+        status = self._charge(analyst, budget, charge)
+        self._sync()
+        return status
+
+    def reserve(self, analyst: str, budget: BudgetLike, charge: Charge) -> Reservation[BudgetStatus]:
+        """:meth:`charge`, returning once the charge is committed (written to the WAL, seen by
+        every process, kept through a crash of this one) with its fsync under way on the
+        ledger's sync thread: the caller may read the data meanwhile and calls ``wait()``
+        before releasing anything (:mod:`dpsql.privacy.reservation`).
+
+        Raises:
+            BudgetExceeded: As :meth:`charge`; nothing is written.
+        """
+        status = self._charge(analyst, budget, charge)
+        return Reservation(status, self._syncer.submit(self._sync) if self.path is not None else None)
+
+    def _charge(self, analyst: str, budget: BudgetLike, charge: Charge) -> BudgetStatus:
+        """The transaction: check and insert, then ``COMMIT`` (no fsync: :meth:`_sync`)."""
         total = budget_units(budget)
         new = charge_units(charge)
         with self._locked(), self._write_transaction():
             status = self._check(analyst, total, charge, new)
             self._insert(analyst, charge, new)
             return status
+
+    def _sync(self) -> None:
+        """The WAL on disk: every commit so far durable (:func:`dpsql.sqlitefile.sync_wal`)."""
+        try:
+            sync_wal(self.path)
+        except OSError as exc:
+            raise Error(f"The budget ledger {self!r} could not be written to disk: {exc}. Check the disk "
+                        "holding the ledger; nothing was released.") from exc
 
     def check(self, analyst: str, budget: BudgetLike, charge: Charge) -> BudgetStatus:
         """A dry run of :meth:`charge`: the same composition and check, nothing written.
@@ -223,6 +251,7 @@ class Ledger:
 
     def close(self) -> None:
         """Close the database connection. Closing twice is harmless."""
+        self._syncer.close()
         with self._lock:
             self._conn.close()
             if self._lock_file is not None and not self._lock_file.closed:
@@ -253,8 +282,9 @@ class Ledger:
         Writers from several processes (the server's workers) first queue on the flock of
         ``<ledger>.lock`` (:func:`dpsql.sqlitefile.open_writer_queue`): the kernel wakes the
         next one the moment it is released, where SQLite's busy handler would poll in sleeps
-        of up to 100 ms; the transaction still decides. Each commit is one fdatasync of the
-        WAL (``synchronous=FULL``): what makes a charge durable before its answer leaves.
+        of up to 100 ms; the transaction still decides. A commit writes the WAL
+        (``synchronous=NORMAL``); one fdatasync of it (:meth:`_sync`, outside the lock) makes
+        the charge durable before its answer leaves (:mod:`dpsql.privacy.reservation`).
         """
         return write_transaction(self._conn, self._lock_file)
 
@@ -388,39 +418,6 @@ def _record(row: sqlite3.Row) -> ChargeRecord:
         events=decode(row["mechanisms"]))
 
 
-def _budget_exceeded(analyst: str, new: tuple[int, int], spent: tuple[int, int],
-                     after: tuple[int, int], total: tuple[int, int],
-                     accountant: str = "basic") -> BudgetExceeded:
-    """Build the error for a refused charge: requested, remaining, and the shortfall.
-
-    Under an accountant other than ``basic`` the shortfall is that of the composition, so
-    the message also says what everything spent plus this query would compose to."""
-    requested = units_to_epsilon(new[0]), units_to_delta(new[1])
-    remaining = (units_to_epsilon(max(0, total[0] - spent[0])),
-                 units_to_delta(max(0, total[1] - spent[1])))
-    short = []
-    if after[0] > total[0]:
-        short.append(("epsilon", units_to_epsilon(after[0] - total[0])))
-    if after[1] > total[1]:
-        short.append(("delta", units_to_delta(after[1] - total[1])))
-    shortfall = ", ".join(f"{name}={_format_amount(value)}" for name, value in short)
-    smaller = " and ".join(name for name, _ in short)
-    composed = ""
-    if accountant != "basic":
-        composed = (
-            f" Composed by the {accountant} accountant at the budget's "
-            f"delta={_format_amount(units_to_delta(total[1]))}, everything spent plus this "
-            f"query is epsilon={_format_amount(units_to_epsilon(after[0]))}, "
-            f"delta={_format_amount(units_to_delta(after[1]))}.")
-    message = (
-        f"Budget exceeded for analyst {analyst!r}: this query needs "
-        f"epsilon={_format_amount(requested[0])}, delta={_format_amount(requested[1])} "
-        f"but only epsilon={_format_amount(remaining[0])}, "
-        f"delta={_format_amount(remaining[1])} remain (short by {shortfall}).{composed} "
-        f"Ask for a smaller {smaller} or a larger budget.")
-    return BudgetExceeded(message, requested=requested, remaining=remaining)
-
-
 def _open(path: str | None) -> sqlite3.Connection:
     """Open (creating if needed) a ledger database and check that it is one."""
     if path is not None:
@@ -457,7 +454,7 @@ def _prepare(conn: sqlite3.Connection, path: str | None) -> None:
     conn.row_factory = sqlite3.Row
     # Read first: a foreign database is refused before any pragma changes its file.
     _check_schema(conn, path)
-    make_durable(conn)
+    make_durable(conn, sync=False)  # each commit's fsync: Ledger._sync
     with write_transaction(conn):
         if not _check_schema(conn, path):
             _create_schema(conn)
