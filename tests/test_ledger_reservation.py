@@ -1,0 +1,121 @@
+"""The ledger's fsync overlapping the read (issue 16, :mod:`dpsql.privacy.reservation`).
+
+A charge is committed (visible to every process, kept through a crash of this one) before
+the engine reads anything, and on disk before anything is released: the answer waits for
+the WAL's fdatasync; a failed sync releases nothing. ``tests/test_crash.py`` kills the
+process between the commit and the sync.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dpsql
+import dpsql.privacy.ledger as ledger_module
+from dpsql.engine import DuckDBEngine
+from dpsql.repeats import ANSWERS_SUFFIX
+
+POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
+SQL = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+
+
+@pytest.fixture(scope="module")
+def db(demo_database: Callable[[int, int], Path]) -> Path:
+    return demo_database(5_000, 500)
+
+
+def _rows(ledger: Path) -> int:
+    with sqlite3.connect(ledger) as other:  # another connection, as another process would read it
+        count = int(other.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+    other.close()
+    return count
+
+
+def _answers(ledger: Path) -> int:
+    with sqlite3.connect(str(ledger) + ANSWERS_SUFFIX) as other:
+        count = int(other.execute("SELECT COUNT(*) FROM answers").fetchone()[0])
+    other.close()
+    return count
+
+
+def test_the_charge_is_committed_before_the_engine_reads(db: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = tmp_path / "budget.sqlite"
+    seen: list[int] = []
+    real = DuckDBEngine.run
+
+    def spy(self: DuckDBEngine, *args: Any, **kwargs: Any) -> Any:
+        seen.append(_rows(ledger))
+        return real(self, *args, **kwargs)
+
+    with dpsql.connect(db, policy=POLICY, analyst="alice", ledger=ledger) as conn:
+        monkeypatch.setattr(DuckDBEngine, "run", spy)
+        for i in range(3):
+            conn.execute(SQL.replace("AS n", f"AS n{i}"), epsilon=0.1)
+    assert seen == [1, 2, 3]
+
+
+def test_the_answer_waits_for_the_sync(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = tmp_path / "budget.sqlite"
+    release = threading.Event()
+    synced: list[str | None] = []
+    real = ledger_module.sync_wal
+
+    def slow(path: str | None) -> None:
+        release.wait(timeout=30)
+        real(path)
+        synced.append(path)
+
+    monkeypatch.setattr(ledger_module, "sync_wal", slow)
+    answers: list[object] = []
+    with dpsql.connect(db, policy=POLICY, analyst="alice", ledger=ledger) as conn:
+        asker = threading.Thread(target=lambda: answers.append(conn.execute(SQL, epsilon=0.1)))
+        asker.start()
+        asker.join(timeout=0.5)
+        assert asker.is_alive() and not answers and not synced  # computed, held until on disk
+        assert _rows(ledger) == 1  # committed all the same
+        release.set()
+        asker.join(timeout=30)
+    assert len(answers) == 1 and synced == [str(ledger)]
+
+
+def test_a_failed_sync_releases_nothing(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = tmp_path / "budget.sqlite"
+
+    def broken(path: str | None) -> None:
+        raise OSError(5, "Input/output error")
+
+    with dpsql.connect(db, policy=POLICY, analyst="alice", ledger=ledger) as conn:
+        monkeypatch.setattr(ledger_module, "sync_wal", broken)
+        with pytest.raises(dpsql.Error, match="could not be written to disk") as caught:
+            conn.execute(SQL, epsilon=0.1)
+        assert not isinstance(caught.value, dpsql.QueryFailed)
+        assert _rows(ledger) == 1 and _answers(ledger) == 0  # charged, nothing kept for a free repeat
+        monkeypatch.undo()
+        res = conn.execute(SQL, epsilon=0.1)  # the next ask pays again and is answered
+        assert not res.cached and _rows(ledger) == 2 and _answers(ledger) == 1
+
+
+def test_a_budget_too_small_is_refused_before_any_read(db: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = tmp_path / "budget.sqlite"
+    read: list[object] = []
+    real = DuckDBEngine.run
+
+    def counted(self: DuckDBEngine, *args: Any, **kwargs: Any) -> Any:
+        read.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DuckDBEngine, "run", counted)
+    with dpsql.connect(db, policy=POLICY, analyst="bob", ledger=ledger) as conn:
+        with pytest.raises(dpsql.BudgetExceeded):
+            for _ in range(100):
+                conn.execute(SQL.replace("AS n", f"AS n{len(read)}"), epsilon=1.0)
+    assert _rows(ledger) == 5  # bob's 5.0, 1.0 a query
+    assert len(read) == 5
