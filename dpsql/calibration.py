@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dpsql.engine import DuckDBEngine, small_setup
+from dpsql.engine import DuckDBEngine
 from dpsql.policy import parse_policy
 from dpsql.privacy import Ledger
 from dpsql.timing import TimingModel
@@ -45,8 +45,7 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
     cores to itself. The tails are the slack's job. Takes one to two seconds on DuckDB.
     """
     policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
-    small = getattr(engine, "_plain", None) is not None  # a small file's DuckDB: set up as it is
-    scratch = getattr(engine, "scratch", None) or (lambda n: _duckdb_scratch(n, small))
+    scratch = getattr(engine, "scratch", None) or _duckdb_scratch
     times = []
     with tempfile.TemporaryDirectory(prefix="dpsql-calibration-") as folder:
         for n in rows:
@@ -72,23 +71,19 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
     return TimingModel(base=_quantized(base), per_row=_quantized(per_row))
 
 
-def _duckdb_scratch(rows: int, small: bool = False) -> DuckDBEngine:
+def _duckdb_scratch(rows: int) -> DuckDBEngine:
     """A DuckDB engine over the calibration table ``t``: ``u`` (four rows each), ``g``
-    (seven groups), ``x`` in [0, 1000); closed with its connection. ``small``: set up as a
-    small file's engine is (one thread, plain bounded queries unoptimized:
-    :func:`dpsql.engine.small_setup`), so that the model times what the data's engine runs."""
+    (seven groups), ``x`` in [0, 1000); closed with its connection."""
     import duckdb
 
     con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
     con.execute(f"CREATE TABLE t AS SELECT range // 4 AS u, 'g' || (range % 7) AS g, "
                 f"(range * 7919 % 1000)::DOUBLE AS x FROM range({int(rows)})")
-    return _ScratchDuckDB(con, unoptimized=small_setup(con) if small else None)
+    return _ScratchDuckDB(con)
 
 
 class _ScratchDuckDB(DuckDBEngine):
     def close(self) -> None:
-        if self._plain is not None:
-            self._plain.close()
         self._con.close()
 
 

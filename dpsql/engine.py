@@ -43,7 +43,7 @@ from dpsql.errors import Error, InternalError
 from dpsql.hardened import lock, open_for_data
 from dpsql.plan import QueryPlan
 
-__all__ = ["DuckDBEngine", "Engine", "Prepared", "bind", "runs_unoptimized", "small_setup"]
+__all__ = ["DuckDBEngine", "Engine", "Prepared", "bind"]
 
 _ATTACHED = "dpsql_data"
 
@@ -222,21 +222,19 @@ def bind(plan: QueryPlan, engine: Engine) -> QueryPlan:
 
 
 class DuckDBEngine:
-    """DuckDB, opened from a file path or wrapping an existing connection (``unoptimized``:
-    its twin from :func:`small_setup`, owned by the caller)."""
+    """DuckDB, opened from a file path or wrapping an existing connection."""
 
     dialect = "duckdb"
     #: binds a Python list as one parameter (long lists of public keys, :mod:`dpsql.rewrite`)
     list_parameters = True
 
     def __init__(
-        self, database: str | os.PathLike[str] | duckdb.DuckDBPyConnection, *, data_version: str | None = None,
-        unoptimized: duckdb.DuckDBPyConnection | None = None,
+        self, database: str | os.PathLike[str] | duckdb.DuckDBPyConnection, *, data_version: str | None = None
     ) -> None:
         self._lock = threading.Lock()
         self._statements: dict[str, str | None] = {}  # SQL text -> prepared statement name (None: run once), oldest first
         self._prepared_count = 0
-        self._plain = unoptimized  # optimizer off: a small file's (_open_hardened, small_setup)
+        self._plain: duckdb.DuckDBPyConnection | None = None  # optimizer off: a small file's (_open_hardened)
         self._running: duckdb.DuckDBPyConnection | None = None
         if isinstance(database, duckdb.DuckDBPyConnection):
             self._con = database
@@ -456,13 +454,6 @@ def _set_threads(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection | 
     ).fetchall()[0][0]
     if int(rows or 0) > ONE_THREAD_ROWS:
         return None
-    return small_setup(con)
-
-
-def small_setup(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """Set ``con`` up as a small file's (:func:`_set_threads`) and return its unoptimized
-    twin, for :class:`DuckDBEngine`'s ``unoptimized`` (the timing calibration's engine is
-    set up as the data's: :mod:`dpsql.calibration`)."""
     con.execute("SET threads = 1")
     con.execute(f"SET disabled_optimizers = '{','.join(SMALL_TABLE_OPTIMIZERS_OFF)}'")
     plain = con.cursor()  # the same instance and attached file; its own session settings

@@ -189,28 +189,3 @@ def test_plain_bounded_queries_run_unoptimized_and_the_rest_optimized(tmp_path: 
         conn.execute(sql, epsilon=0.1, delta=1e-7)
         assert used == expected, sql
     conn.close()
-
-
-def test_the_timing_calibration_runs_as_the_datas_engine_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The deadline model is measured on synthetic data through an engine set up as the
-    data's: a small file's plain bounded queries unoptimized, a large file's optimized."""
-    from dpsql.calibration import calibrate  # noqa: PLC0415
-    from dpsql.connection import Connection  # noqa: PLC0415
-
-    modes: list[bool] = []
-    real = engine_module._arrow
-
-    def spy(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None) -> object:
-        if '"t"' in sql or "__dpsql_s" in sql:  # the calibration table's queries
-            modes.append(con.execute("SELECT current_setting('enable_optimizer')").fetchall()[0][0])
-        return real(con, sql, params)
-
-    monkeypatch.setattr(engine_module, "_arrow", spy)
-    small = DuckDBEngine(_database(tmp_path / "small.duckdb", 100))
-    large = DuckDBEngine(_database(tmp_path / "large.duckdb", engine_module.ONE_THREAD_ROWS + 1))
-    for engine, optimized in ((small, False), (large, True)):
-        modes.clear()
-        model = calibrate(rows=(200, 2000), repeats=1, pipeline=Connection, engine=engine)
-        assert model.base > 0 and model.per_row > 0
-        assert modes and set(modes) == {optimized}, (optimized, modes)
-        engine.close()
