@@ -67,9 +67,10 @@ class Reader:
         """
         try:
             prepared, bounded, literals = self._bounded(plan)
+            _in_time(late)
             exact = self._engine.run(prepared, {**bounded.arguments(), **literals})
             if late is None or not late.is_set():
-                return self._noisy(plan, exact)
+                return self._noisy(plan, exact, late)
         except Exception as exc:  # noqa: BLE001 - every cause gets the same answer
             log.warning("a charged query failed while reading the data (%s); stack:\n%s",
                         type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
@@ -106,8 +107,19 @@ class Reader:
             self._prepared[id(plan)] = held
         return held[1], held[2], held[3]
 
-    def _noisy(self, plan: QueryPlan, exact: pa.Table) -> tuple[pa.Table, dict[str, list[object]]]:
+    def _noisy(self, plan: QueryPlan, exact: pa.Table,
+               late: threading.Event | None = None) -> tuple[pa.Table, dict[str, list[object]]]:
         """Noisy aggregates, fetching first the values order statistics and UDFs read."""
-        values = {r.name: self._engine.run(value_query(plan, r)) for r in plan.value_releases}
+        values = {}
+        for r in plan.value_releases:
+            _in_time(late)
+            values[r.name] = self._engine.run(value_query(plan, r))
         report: dict[str, list[object]] = {}
         return noisy_table(plan, exact, self._source, values=values, report=report, udfs=self._udfs), report
+
+
+def _in_time(late: threading.Event | None) -> None:
+    """Raise (a failure like any other) when the deadline has passed: its interrupt, made
+    between two statements, would be lost, and the next one would run to its end."""
+    if late is not None and late.is_set():
+        raise TimeoutError("past the deadline")

@@ -11,7 +11,7 @@ local reports (:mod:`dpsql.local.store`). Each opens its file the same way:
   fail with "database is locked" at once, without waiting on the busy timeout, when
   several processes create the same file together. Preparing must be idempotent;
 * write-ahead logging with ``synchronous = FULL`` (:func:`make_durable`; the ledger: ``NORMAL``
-  and its own :func:`sync_wal` after each commit, :mod:`dpsql.privacy.reservation`), and every write
+  and its own :class:`WalSync` after each commit, :mod:`dpsql.privacy.reservation`), and every write
   in ``BEGIN IMMEDIATE`` ... ``COMMIT`` (:func:`write_transaction`), optionally after taking
   a *writer queue* (:func:`open_writer_queue`): an exclusive ``flock`` of ``<file>.lock``
   that writers from several processes wait on, woken by the kernel the moment it is
@@ -46,7 +46,7 @@ except ImportError:  # not POSIX: SQLite's busy handler alone queues the writers
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["BUSY_TIMEOUT_MS", "LOCK_SUFFIX", "guarded", "is_busy", "make_durable", "open_database",
-           "open_writer_queue", "sync_wal", "write_transaction"]
+           "open_writer_queue", "WalSync", "write_transaction"]
 
 #: The writer queue's file, beside the database.
 LOCK_SUFFIX = ".lock"
@@ -97,31 +97,71 @@ def is_busy(exc: sqlite3.OperationalError) -> bool:
 
 def make_durable(conn: sqlite3.Connection, *, sync: bool = True) -> None:
     """Write-ahead logging, and every commit on disk before it returns; with ``sync=False``
-    a commit is only written to the WAL (``synchronous = NORMAL``), and the owner calls
-    :func:`sync_wal` before anything depends on its durability."""
-    conn.execute("PRAGMA journal_mode = WAL")
+    a commit is only written to the WAL (``synchronous = NORMAL``), and the owner syncs it
+    with a :class:`WalSync` before anything depends on its durability.
+
+    Raises:
+        sqlite3.Error: the file cannot be put in WAL mode (``sync=False`` needs it).
+    """
+    row = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    mode = str(row[0]).lower() if row is not None else "?"
+    if not sync and mode not in ("wal", "memory"):  # (an in-memory database has nothing to sync)
+        raise sqlite3.OperationalError(f"the file cannot use write-ahead logging (journal mode {mode!r})")
     conn.execute(f"PRAGMA synchronous = {'FULL' if sync else 'NORMAL'}")
 
 
-def sync_wal(path: str | None) -> None:
-    """fdatasync the WAL of the database at ``path`` (nothing in memory): every commit made
-    so far is then on disk. Under ``synchronous = NORMAL`` SQLite syncs the WAL before each
-    checkpoint and the database after it, so a commit is either in the WAL synced here or
-    in a database file already synced. The file is opened afresh each time (~10 us).
+class WalSync:
+    """fdatasync of one database's WAL: every commit made so far is then on disk.
 
-    Raises:
-        OSError: the sync failed.
+    Under ``synchronous = NORMAL`` SQLite syncs the WAL before each checkpoint and the
+    database after it, so a commit is either in the WAL, synced here, or in a database file
+    already synced. The WAL is opened once, by its absolute path (a later ``chdir`` changes
+    nothing), on the first call: its owner's connection has committed by then and keeps the
+    file while it is open. The folder is synced then too (a new WAL's directory entry). The
+    handle is kept because Linux reports a failed write-back once per open handle: after one
+    failure every later call fails too, so no answer leaves on a WAL that may have lost a
+    commit.
+
+    Raises (on call):
+        OSError: the sync failed, now or before.
     """
-    if path is None:
-        return
+
+    def __init__(self, path: str) -> None:
+        self._wal = os.path.abspath(path) + "-wal"
+        self._fd: int | None = None
+        self._failed: OSError | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._failed is not None:
+                raise OSError(self._failed.errno, f"an earlier sync of {self._wal} failed ({self._failed})")
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self._wal, os.O_RDONLY)
+                    _sync(os.path.dirname(self._wal))
+                _datasync(self._fd)
+            except OSError as exc:
+                self._failed = exc
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _sync(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        fd = os.open(path + "-wal", os.O_RDONLY)
-    except FileNotFoundError:  # no WAL: every commit was checkpointed into a synced database
-        return
-    try:
-        (os.fdatasync if hasattr(os, "fdatasync") else os.fsync)(fd)
+        os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _datasync(fd: int) -> None:
+    (os.fdatasync if hasattr(os, "fdatasync") else os.fsync)(fd)
 
 
 def open_writer_queue(path: str | None) -> IO[bytes] | None:

@@ -8,6 +8,8 @@ process between the commit and the sync.
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -17,9 +19,10 @@ from typing import Any
 import pytest
 
 import dpsql
-import dpsql.privacy.ledger as ledger_module
 from dpsql.engine import DuckDBEngine
+from dpsql.privacy import Charge, Ledger
 from dpsql.repeats import ANSWERS_SUFFIX
+from dpsql.sqlitefile import WalSync
 
 POLICY = Path(__file__).parents[1] / "policies" / "demo.toml"
 SQL = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
@@ -65,14 +68,14 @@ def test_the_answer_waits_for_the_sync(db: Path, tmp_path: Path, monkeypatch: py
     ledger = tmp_path / "budget.sqlite"
     release = threading.Event()
     synced: list[str | None] = []
-    real = ledger_module.sync_wal
+    real = WalSync.__call__
 
-    def slow(path: str | None) -> None:
+    def slow(self: WalSync) -> None:
         release.wait(timeout=30)
-        real(path)
-        synced.append(path)
+        real(self)
+        synced.append(self._wal)
 
-    monkeypatch.setattr(ledger_module, "sync_wal", slow)
+    monkeypatch.setattr(WalSync, "__call__", slow)
     answers: list[object] = []
     with dpsql.connect(db, policy=POLICY, analyst="alice", ledger=ledger) as conn:
         asker = threading.Thread(target=lambda: answers.append(conn.execute(SQL, epsilon=0.1)))
@@ -82,17 +85,17 @@ def test_the_answer_waits_for_the_sync(db: Path, tmp_path: Path, monkeypatch: py
         assert _rows(ledger) == 1  # committed all the same
         release.set()
         asker.join(timeout=30)
-    assert len(answers) == 1 and synced == [str(ledger)]
+    assert len(answers) == 1 and synced == [str(ledger) + "-wal"]
 
 
 def test_a_failed_sync_releases_nothing(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = tmp_path / "budget.sqlite"
 
-    def broken(path: str | None) -> None:
+    def broken(self: WalSync) -> None:
         raise OSError(5, "Input/output error")
 
     with dpsql.connect(db, policy=POLICY, analyst="alice", ledger=ledger) as conn:
-        monkeypatch.setattr(ledger_module, "sync_wal", broken)
+        monkeypatch.setattr(WalSync, "__call__", broken)
         with pytest.raises(dpsql.Error, match="could not be written to disk") as caught:
             conn.execute(SQL, epsilon=0.1)
         assert not isinstance(caught.value, dpsql.QueryFailed)
@@ -119,3 +122,74 @@ def test_a_budget_too_small_is_refused_before_any_read(db: Path, tmp_path: Path,
                 conn.execute(SQL.replace("AS n", f"AS n{len(read)}"), epsilon=1.0)
     assert _rows(ledger) == 5  # bob's 5.0, 1.0 a query
     assert len(read) == 5
+
+
+BUDGET = type("Budget", (), {"epsilon": 10.0, "delta": 0.0})()
+
+
+def test_the_wal_synced_is_the_ledgers_after_a_chdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dpsql.sqlitefile as sqlitefile  # noqa: PLC0415
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    synced: list[str] = []
+    real = sqlitefile._datasync
+    monkeypatch.setattr(sqlitefile, "_datasync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    with Ledger("budget.sqlite") as ledger:
+        ledger.charge("alice", BUDGET, Charge(0.1, 0.0, "q"))
+        monkeypatch.chdir(tmp_path / "b")
+        ledger.charge("alice", BUDGET, Charge(0.1, 0.0, "q"))
+        ledger.reserve("alice", BUDGET, Charge(0.1, 0.0, "q")).wait()
+    assert synced == [str(tmp_path / "a" / "budget.sqlite-wal")] * 3
+
+
+def test_after_one_failed_sync_every_later_charge_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux reports a failed write-back once per handle: a later sync that succeeded would
+    release answers on a WAL that may have lost a commit."""
+    import dpsql.sqlitefile as sqlitefile  # noqa: PLC0415
+
+    real = sqlitefile._datasync
+    failures = [OSError(5, "Input/output error")]
+
+    def once(fd: int) -> None:
+        if failures:
+            raise failures.pop()
+        real(fd)
+
+    monkeypatch.setattr(sqlitefile, "_datasync", once)
+    with Ledger(tmp_path / "budget.sqlite") as ledger:
+        with pytest.raises(dpsql.Error, match="could not be written to disk"):
+            ledger.charge("alice", BUDGET, Charge(0.1, 0.0, "q"))
+        for _ in range(2):
+            with pytest.raises(dpsql.Error, match="earlier sync"):
+                ledger.reserve("alice", BUDGET, Charge(0.1, 0.0, "q")).wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_syncs_on_its_own_thread(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "budget.sqlite") as ledger:
+        ledger.reserve("alice", BUDGET, Charge(0.1, 0.0, "q")).wait()  # the parent's sync thread
+        pid = os.fork()
+        if pid == 0:  # the child: its reserve must not wait on the parent's thread
+            code = 1
+            try:
+                signal.alarm(20)
+                ledger.reserve("alice", BUDGET, Charge(0.1, 0.0, "q")).wait()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert ledger.status("alice", BUDGET).queries == 2
+
+
+def test_after_close_a_sync_runs_in_the_caller() -> None:
+    from dpsql.privacy.reservation import Syncer  # noqa: PLC0415
+
+    syncer = Syncer()
+    ran: list[int] = []
+    syncer.submit(lambda: ran.append(1)).result()
+    syncer.close()
+    done = syncer.submit(lambda: ran.append(2))
+    assert done.done() and ran == [1, 2]

@@ -92,7 +92,7 @@ from dpsql.privacy.charges import (
 )
 from dpsql.privacy.events import decode
 from dpsql.privacy.reservation import Reservation, Syncer
-from dpsql.sqlitefile import guarded, make_durable, open_database, open_writer_queue, sync_wal, write_transaction
+from dpsql.sqlitefile import guarded, make_durable, open_database, open_writer_queue, WalSync, write_transaction
 
 __all__ = ["Ledger"]
 #: The file's schema. Each row's ``mechanisms`` carries its own version: typed privacy events
@@ -152,6 +152,7 @@ class Ledger:
         self.accountant: Accountant = accountant if accountant is not None else BasicAccountant()
         self._lock = threading.Lock()
         self._syncer = Syncer()  # reserve()'s fsyncs
+        self._wal = WalSync(self.path) if self.path is not None else None
         self._conn = _open(self.path)
         self._lock_file = open_writer_queue(self.path)
         self._seen: dict[str, _Spent] = {}
@@ -194,7 +195,7 @@ class Ledger:
             BudgetExceeded: As :meth:`charge`; nothing is written.
         """
         status = self._charge(analyst, budget, charge)
-        return Reservation(status, self._syncer.submit(self._sync) if self.path is not None else None)
+        return Reservation(status, self._syncer.submit(self._sync) if self._wal is not None else None)
 
     def _charge(self, analyst: str, budget: BudgetLike, charge: Charge) -> BudgetStatus:
         """The transaction: check and insert, then ``COMMIT`` (no fsync: :meth:`_sync`)."""
@@ -206,9 +207,11 @@ class Ledger:
             return status
 
     def _sync(self) -> None:
-        """The WAL on disk: every commit so far durable (:func:`dpsql.sqlitefile.sync_wal`)."""
+        """The WAL on disk: every commit so far durable (:class:`dpsql.sqlitefile.WalSync`)."""
+        if self._wal is None:
+            return
         try:
-            sync_wal(self.path)
+            self._wal()
         except OSError as exc:
             raise Error(f"The budget ledger {self!r} could not be written to disk: {exc}. Check the disk "
                         "holding the ledger; nothing was released.") from exc
@@ -253,6 +256,8 @@ class Ledger:
         """Close the database connection. Closing twice is harmless."""
         self._syncer.close()
         with self._lock:
+            if self._wal is not None:
+                self._wal.close()
             self._conn.close()
             if self._lock_file is not None and not self._lock_file.closed:
                 self._lock_file.close()

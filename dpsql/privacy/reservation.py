@@ -8,7 +8,7 @@ that sync (about 0.3 ms here, a sixth of a small query) is all that makes a char
 and nothing needs it before the data is read.
 
 So the ledger runs its file with ``synchronous = NORMAL`` (no sync inside ``COMMIT``) and
-syncs the WAL itself after every commit (:func:`dpsql.sqlitefile.sync_wal`):
+syncs the WAL itself after every commit (:class:`dpsql.sqlitefile.WalSync`):
 :meth:`~dpsql.privacy.Ledger.charge` before it returns, :meth:`~dpsql.privacy.Ledger.reserve`
 on the ledger's sync thread, while the caller reads the data (DuckDB and the sync both
 release the GIL). The caller calls :meth:`Reservation.wait` before it releases anything: it
@@ -29,6 +29,7 @@ already checkpointed into a synced database file.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,21 +55,34 @@ class Reservation(Generic[T]):
 
 
 class Syncer:
-    """One thread that runs a ledger's syncs, started on first use."""
+    """One thread that runs a ledger's syncs, started on first use; in a forked child, a new
+    one (the parent's thread is not there); after :meth:`close`, work runs in the caller."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._closed = False
         self._lock = threading.Lock()
 
     def submit(self, work: Callable[[], None]) -> Future[None]:
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-ledger-sync")
-            return self._pool.submit(work)
+            if not self._closed:
+                if self._pool is None or self._pid != os.getpid():
+                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-ledger-sync")
+                    self._pid = os.getpid()
+                return self._pool.submit(work)
+        done: Future[None] = Future()
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - carried to wait()
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
 
     def close(self) -> None:
         """Wait for the syncs under way, then stop the thread."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
+            pool, self._pool, self._closed = self._pool, None, True
+        if pool is not None and self._pid == os.getpid():
             pool.shutdown(wait=True)
