@@ -16,7 +16,8 @@ each stage calls (exclusive time: a stage inside another counts once, in the inn
 - analyze: planning (``dpsql.analyze``, the public-only check, the post-processing check);
 - rewrite tree / SQL text: building the bounded query's tree; writing any tree as text;
 - engine: ``DuckDBEngine.run``; release: the noise (``noisy_table``);
-- charge: the ledger's charge (SQLite write and commit) and building the charge;
+- charge: the ledger's charge (SQLite write and commit; the wait for its fsync, which overlaps
+  the engine) and building the charge;
 - repeat store: the repeat key and the answers file's reads and writes;
 - report: post-processing and the Result; other: the rest (total minus the stages).
 
@@ -60,6 +61,7 @@ from dpsql.demo import demo_database  # noqa: E402
 from dpsql.engine import DuckDBEngine  # noqa: E402
 from dpsql.postprocess import Postprocessor  # noqa: E402
 from dpsql.privacy import Ledger  # noqa: E402
+from dpsql.privacy.reservation import Reservation  # noqa: E402
 from dpsql.repeats import RepeatCache  # noqa: E402
 
 from _shared import QUERY, append_results, cpu_model  # noqa: E402
@@ -125,6 +127,8 @@ def instrument(timer: StageTimer) -> None:
     timer.wrap(DuckDBEngine, "run", "engine")
     timer.wrap(read, "noisy_table", "release")
     timer.wrap(Ledger, "charge", "charge")
+    timer.wrap(Ledger, "reserve", "charge")  # the pipeline's: the commit; its fsync overlaps the read
+    timer.wrap(Reservation, "wait", "charge")  # what of the fsync the read did not cover
     timer.wrap(connection, "charge_of", "charge")
     timer.wrap(connection, "plan_key", "repeat store")
     timer.wrap(RepeatCache, "_get", "repeat store")
