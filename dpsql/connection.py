@@ -93,7 +93,6 @@ class Connection(DBAPIConnection):
             call names it (``None``: the policy's ``default_epsilon``, and 0).
     """
 
-
     def __init__(
         self,
         engine: Engine,
@@ -411,7 +410,7 @@ class Connection(DBAPIConnection):
 
     def _fresh(self, plan: QueryPlan, sql: str, charge: Charge, late: threading.Event | None = None) -> Released:
         """charge -> engine -> release -> postprocess -> report: the charge is decided before
-        any private table is read and on disk before anything is returned (its commit
+        any private table is read and on disk before anything is returned (its fsync
         overlaps the read: :mod:`dpsql.privacy.reservation`)."""
         reservation = self._ledger.reserve(self._analyst, self._policy.budget_for(self._analyst), charge)
         try:

@@ -341,7 +341,8 @@ class DuckDBEngine:
     def _statement(self, con: duckdb.DuckDBPyConnection, sql: str, params: Mapping[str, object]) -> str | None:
         """``EXECUTE`` of the prepared statement for ``sql``, ``params`` written in; ``None``
         the first time ``sql`` is seen (run it directly). DuckDB binds and plans an
-        ``EXECUTE`` again on every run, so a statement saves only the parsing, while
+        optimized ``EXECUTE`` again on every run, so there a statement saves only the
+        parsing (an unoptimized one keeps its plan: :data:`SMALL_TABLE_OPTIMIZER`), while
         ``PREPARE`` costs a full planning: a text is prepared on its second run (a new
         question's text, run once, was 9.7 against 4.7 ms prepared, under load). The oldest
         of more than ``_STATEMENTS`` texts is forgotten (deallocated if prepared). A text is
@@ -446,7 +447,7 @@ SMALL_TABLE_OPTIMIZERS_OFF = ("expression_rewriter", "statistics_propagation", "
 #: 1.43 ms and optimizer 0.57 ms for 0.2 ms of execution, a bounded GROUP BY on 1,000 rows),
 #: an unoptimized one only once (``EXECUTE`` 1.96 -> 0.49 ms, binding 0.004 ms; issue 16,
 #: ``benchmarks/HISTORY.md``). The optimizer only rewrites a plan, never its result; the
-#: shapes that need it (correlated subqueries, windows) stay on the optimized connection.
+#: shapes that need it (correlated subqueries, windows, joined tables) stay optimized.
 SMALL_TABLE_OPTIMIZER = False
 
 
