@@ -62,7 +62,7 @@ from dpsql.engine import DuckDBEngine  # noqa: E402
 from dpsql.postprocess import Postprocessor  # noqa: E402
 from dpsql.privacy import Ledger  # noqa: E402
 from dpsql.privacy.reservation import Reservation  # noqa: E402
-from dpsql.repeats import RepeatCache  # noqa: E402
+from dpsql.repeats import PlanKeys, RepeatCache  # noqa: E402
 
 from _shared import QUERY, append_results, cpu_model  # noqa: E402
 
@@ -130,7 +130,7 @@ def instrument(timer: StageTimer) -> None:
     timer.wrap(Ledger, "reserve", "charge")  # the pipeline's: the commit; its fsync overlaps the read
     timer.wrap(Reservation, "wait", "charge")  # what of the fsync the read did not cover
     timer.wrap(connection, "charge_of", "charge")
-    timer.wrap(connection, "plan_key", "repeat store")
+    timer.wrap(PlanKeys, "key", "repeat store")
     timer.wrap(RepeatCache, "_get", "repeat store")
     timer.wrap(RepeatCache, "_put", "repeat store")
     for name in ("fresh_result", "with_values"):

@@ -49,7 +49,7 @@ from dpsql.normalize import Normalized, check_dialect, normalize
 from dpsql.normalize import without_options as _without_options
 from dpsql.privacy import BudgetStatus, Charge, Ledger
 from dpsql.public import engine_query, public_only, public_result
-from dpsql.repeats import CachedAnswer, Released, RepeatCache, answer_once, plan_key, policy_fingerprint
+from dpsql.repeats import CachedAnswer, PlanKeys, Released, RepeatCache, answer_once, policy_fingerprint
 from dpsql.cursor import DBAPIConnection
 from dpsql.engine import Engine, bind
 from dpsql.errors import Error, QueryFailed, QueryRejected
@@ -132,6 +132,7 @@ class Connection(DBAPIConnection):
         self._reports, self._owns_reports = open_report_store(reports)
         self._closed = False
         self._anchor_cache: str | None = None
+        self._keys = PlanKeys(_PLAN_CACHE)
         self._udfs: dict[str, UDF] = {}
         self._plans: dict[tuple[str, float | None, float | None, str | None, bool], QueryPlan] = {}
         self._templates = PlanCache()
@@ -446,7 +447,8 @@ class Connection(DBAPIConnection):
         self._reader.forget()
 
     def _repeat_key(self, plan: QueryPlan) -> str:
-        return plan_key(plan, analyst=self._analyst, policy=self._policy_fingerprint, data=self._engine.data_version())
+        return self._keys.key(plan, analyst=self._analyst, policy=self._policy_fingerprint,
+                              data=self._engine.data_version())
 
     def _anchor(self) -> str:
         """The analyst's first ledger event (id and time): it changes only when the ledger

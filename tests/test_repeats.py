@@ -315,3 +315,58 @@ def test_sqlites_memory_name_keeps_ledger_and_answers_in_memory(db_file: Path, t
         assert conn.execute(SQL).fetchall() == first.fetchall()  # repeats still answered, from memory
         assert conn._ledger.path is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.duckdb"]
+
+
+def test_a_stored_answer_is_decoded_once_and_a_replaced_one_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    from dpsql.repeats import RepeatCache
+
+    decodes: list[int] = []
+    open_stream = repeats.ipc.open_stream
+    monkeypatch.setattr(repeats.ipc, "open_stream", lambda *a, **k: decodes.append(1) or open_stream(*a, **k))
+    path = tmp_path / "answers.sqlite"
+    privacy = {"epsilon": 0.5, "delta": 0.0, "columns": {}, "notes": []}
+
+    def store(cache: RepeatCache, anchor: str, value: int) -> None:
+        with cache.claim() as claim:
+            assert claim.get("k", anchor) is None
+            claim.put("k", anchor, "alice", "q", pa.table({"n": [value]}), {"n": [1.0]}, privacy)
+
+    reader, writer = RepeatCache(path), RepeatCache(path)
+    store(writer, "A", 1)
+    first = reader.get("k", "A")
+    assert first is not None and first.table.column("n").to_pylist() == [1] and len(decodes) == 1
+    first.cells["n"].append(9.0)  # a caller's copy: the kept answer is not changed
+    again = reader.get("k", "A")
+    assert again is not None and again.cells == {"n": [1.0]} and len(decodes) == 1  # not decoded again
+    assert reader.get("k", "B") is None  # another anchor (a reset ledger): never the kept answer
+    store(writer, "B", 2)  # another process replaces the row (its ledger was reset)
+    assert reader.get("k", "A") is None
+    replaced = reader.get("k", "B")
+    assert replaced is not None and replaced.table.column("n").to_pylist() == [2] and len(decodes) == 2
+    with writer._write():  # the same key and anchor stored again (a claim taken over as stale)
+        writer._put("k", "B", "alice", "q", pa.table({"n": [3]}), {"n": [1.0]}, privacy)
+    later = reader.get("k", "B")
+    assert later is not None and later.table.column("n").to_pylist() == [3] and len(decodes) == 3
+    reader.close()
+    writer.close()
+
+
+def test_a_repeat_key_is_remembered_per_plan_and_follows_the_data_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsql.repeats import PlanKeys
+
+    computed: list[str] = []
+    plan_key = repeats.plan_key
+    monkeypatch.setattr(repeats, "plan_key", lambda plan, **kw: computed.append(kw["data"]) or plan_key(plan, **kw))
+    with dpsql.connect(fill(duckdb.connect()), policy=policy(), analyst="alice") as conn:
+        plan, other = conn.plan(SQL), conn.plan("SELECT COUNT(*) FROM t")
+    keys = PlanKeys(size=2)
+    first = keys.key(plan, analyst="alice", policy="p", data="v1")
+    assert keys.key(plan, analyst="alice", policy="p", data="v1") == first and computed == ["v1"]
+    assert keys.key(plan, analyst="alice", policy="p", data="v2") != first  # new data: a new key
+    assert keys.key(plan, analyst="bob", policy="p", data="v2") != first
+    assert keys.key(other, analyst="alice", policy="p", data="v1") != first
+    assert computed == ["v1", "v2", "v2", "v1"]
+    assert keys.key(plan, analyst="alice", policy="p", data="v1") == first  # plan's entry was bob's: again
+    assert computed == ["v1", "v2", "v2", "v1", "v1"] and len(keys._keys) == 2  # at most its size
