@@ -57,6 +57,10 @@ file's fsync takes one of the two fdatasyncs of a new query off its critical pat
 
 Concurrency and crashes
 -----------------------
+Writers of the file from several processes (a server's workers) queue on the flock of
+``<answers>.lock`` before ``BEGIN IMMEDIATE``, as the ledger's do: the kernel wakes the next
+one when it is released, where SQLite's busy handler sleeps up to 100 ms between looks (a
+worker was seen waiting 103 ms for a lock held a millisecond, past its query's deadline).
 The miss path claims its *key*, not the file: a short ``BEGIN IMMEDIATE`` transaction
 looks again (another process may have just answered) and, when there is no answer, writes
 a ``pending`` row for the key and commits. The charge, the read and the noise then run with
@@ -101,7 +105,7 @@ from dpsql.plan import QueryPlan
 from dpsql.policy import Policy
 from dpsql.report import described
 from dpsql.result import Accuracy, Result
-from dpsql.sqlitefile import guarded, open_database, write_transaction
+from dpsql.sqlitefile import guarded, open_database, open_writer_queue, write_transaction
 
 __all__ = [
     "ANSWERS_SUFFIX",
@@ -294,6 +298,7 @@ class RepeatCache:
         self.path = None if path is None else os.fspath(path)
         self._lock = threading.RLock()
         self._conn = _open(self.path)
+        self._queue = open_writer_queue(self.path)  # processes' writers queue on its flock
         # Answers decoded before, by (key, anchor): a repeat reads the row's identity only and
         # decodes nothing when it is the row decoded last time (the server's front serves
         # repeats on one thread: decoding was a third of its time per repeat).
@@ -332,6 +337,8 @@ class RepeatCache:
         """Close the file. Closing twice is harmless."""
         with self._lock:
             self._conn.close()
+            if self._queue is not None and not self._queue.closed:
+                self._queue.close()
 
     def __enter__(self) -> RepeatCache:
         return self
@@ -389,7 +396,7 @@ class RepeatCache:
 
 @contextmanager
 def _transaction(cache: RepeatCache) -> Iterator[None]:
-    with cache._guarded(), write_transaction(cache._conn):
+    with cache._guarded(), write_transaction(cache._conn, cache._queue):
         yield
 
 

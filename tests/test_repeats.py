@@ -370,3 +370,38 @@ def test_a_repeat_key_is_remembered_per_plan_and_follows_the_data_version(monkey
     assert computed == ["v1", "v2", "v2", "v1"]
     assert keys.key(plan, analyst="alice", policy="p", data="v1") == first  # plan's entry was bob's: again
     assert computed == ["v1", "v2", "v2", "v1", "v1"] and len(keys._keys) == 2  # at most its size
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the writers' queue is an flock")
+def test_writers_of_the_answers_file_queue_on_its_flock(tmp_path: Path) -> None:
+    """A writer waits on ``<answers>.lock`` (woken by the kernel the moment it is free), not in
+    SQLite's busy handler, whose sleeps grow to 100 ms."""
+    import fcntl
+    import threading
+
+    import pyarrow as pa
+
+    from dpsql.repeats import RepeatCache
+
+    path = tmp_path / "answers.sqlite"
+    cache = RepeatCache(path)
+    stored = threading.Event()
+
+    def store() -> None:
+        with cache.claim() as claim:
+            assert claim.get("k", "A") is None
+            claim.put("k", "A", "alice", "q", pa.table({"n": [1]}), {"n": [1.0]},
+                      {"epsilon": 1.0, "delta": 0.0, "columns": {}, "notes": []})
+        stored.set()
+
+    with open(f"{path}.lock", "ab") as queue:
+        fcntl.flock(queue.fileno(), fcntl.LOCK_EX)  # another process's writer holds the queue
+        writer = threading.Thread(target=store)
+        writer.start()
+        assert not stored.wait(0.3)  # waiting on the queue, not writing past it
+        fcntl.flock(queue.fileno(), fcntl.LOCK_UN)
+    assert stored.wait(5)
+    writer.join()
+    found = cache.get("k", "A")
+    assert found is not None and found.table.column("n").to_pylist() == [1]
+    cache.close()
