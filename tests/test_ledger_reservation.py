@@ -47,18 +47,23 @@ def _answers(ledger: Path) -> int:
     return count
 
 
+def _on_each_run(monkeypatch: pytest.MonkeyPatch, before: Callable[[], None]) -> None:
+    """Call ``before()`` as the engine starts each run, from now on."""
+    real = DuckDBEngine.run
+
+    def spied(self: DuckDBEngine, *args: Any, **kwargs: Any) -> Any:
+        before()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DuckDBEngine, "run", spied)
+
+
 def test_the_charge_is_committed_before_the_engine_reads(db: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = tmp_path / "budget.sqlite"
     seen: list[int] = []
-    real = DuckDBEngine.run
-
-    def spy(self: DuckDBEngine, *args: Any, **kwargs: Any) -> Any:
-        seen.append(_rows(ledger))
-        return real(self, *args, **kwargs)
-
     with dpsql.connect(db, policy=POLICY, analyst="alice", ledger=ledger) as conn:
-        monkeypatch.setattr(DuckDBEngine, "run", spy)
+        _on_each_run(monkeypatch, lambda: seen.append(_rows(ledger)))
         for i in range(3):
             conn.execute(SQL.replace("AS n", f"AS n{i}"), epsilon=0.1)
     assert seen == [1, 2, 3]
@@ -109,13 +114,7 @@ def test_a_budget_too_small_is_refused_before_any_read(db: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = tmp_path / "budget.sqlite"
     read: list[object] = []
-    real = DuckDBEngine.run
-
-    def counted(self: DuckDBEngine, *args: Any, **kwargs: Any) -> Any:
-        read.append(args)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(DuckDBEngine, "run", counted)
+    _on_each_run(monkeypatch, lambda: read.append(1))
     with dpsql.connect(db, policy=POLICY, analyst="bob", ledger=ledger) as conn:
         with pytest.raises(dpsql.BudgetExceeded):
             for _ in range(100):
