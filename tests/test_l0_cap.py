@@ -107,12 +107,20 @@ def test_mask_form_keeps_the_same_pairs_as_the_list_form(con: duckdb.DuckDBPyCon
     pairs = exp.select("u AS __u", "a AS __g0", "b AS __g1").from_("many2").group_by("u", "a", "b")
     listed = [("lb", "__g1", "SMALLINT", (0, 1, 2, 3, 9)), ("la", "__g0", "VARCHAR", ("a", "b", "c", "d", "e", "z"))]
     params: dict[str, object] = {"la": list(listed[1][3]), "lb": list(listed[0][3])}
+    # the mask form's pairs carry the rows' combination number instead of the keys
+    combined = groupcap.domain(["__g0", "__g1"], listed)
+    assert combined is not None and [entry[1] for entry in combined] == ["__g0", "__g1"]
+    number = groupcap.combination(combined, [exp.column("a"), exp.column("b")])
+    numbered = (exp.select("u AS __u", exp.alias_(number, "__i")).from_("many2")
+                .group_by("u", number.copy()))
     sizes = con.sql("SELECT least(count(*), 3) FROM (SELECT DISTINCT u, a, b FROM many2) GROUP BY u").fetchall()
     for salt in range(25):
         by_list = _kept_pairs(con, groupcap.kept(_Plan(), pairs.copy(), salt), {})  # type: ignore[arg-type]
-        masked = groupcap.kept(_Plan(), pairs.copy(), salt, listed)  # type: ignore[arg-type]
+        masked = groupcap.kept(_Plan(), numbered.copy(), salt, listed)  # type: ignore[arg-type]
         assert "__mask" in masked.sql("duckdb")
-        assert _kept_pairs(con, masked, params) == by_list
+        keys = ", ".join(f"{groupcap.listed_value(combined, j, exp.column('__i')).sql('duckdb')} AS __g{j}" for j in range(2))
+        back = con.sql(f"SELECT __u, {keys} FROM ({masked.sql('duckdb')}) ORDER BY ALL", params=params).fetchall()
+        assert back == by_list
         assert len(by_list) == sum(n for n, in sizes)  # each unit keeps min(its groups, 3)
 
 
@@ -140,3 +148,23 @@ def test_mask_form_holds_the_cap_when_unlike_values_compare_equal() -> None:
         assert "__mask" in bounded.query.sql("duckdb")
         rows = c.sql(bounded.query.sql("duckdb"), params=dict(bounded.lists)).fetchall()
         assert sum(n for _, n in rows) == 1000 * 2  # every unit keeps exactly 2 of its 4 groups
+
+
+def test_rows_of_unlisted_or_null_keys_neither_count_nor_use_up_groups() -> None:
+    # Two listed keys under a cap of 2: unit 1 has two listed groups and three rows whose
+    # combination is not listed (an unlisted value, a NULL in either key). Those rows must
+    # not count, nor take one of its 2 groups, in either form (the mask form numbers the
+    # rows, NULL for these; the list form filters them).
+    c = duckdb.connect()
+    c.execute("CREATE TABLE t (u INTEGER, g VARCHAR, h INTEGER)")
+    c.execute("INSERT INTO t VALUES (1, 'a', 1), (1, 'b', 2), (1, 'zz', 1), (1, NULL, 1), (1, 'a', NULL), "
+              "(2, 'c', 1), (2, 'c', 1)")
+    policy = POLICY.replace('g = { public_values = ["a", "b", "c", "d"] }',
+                            'g = { public_values = ["a", "b", "c", "d"] }\nh = { public_values = [1, 2, 3] }')
+    conn = dpsql.connect(c, parse_policy(policy), ledger=None, repeats=False)
+    plan = conn.plan("SELECT g, h, COUNT(*) AS n FROM t GROUP BY g, h", epsilon=1.0)
+    for lists in (False, True):
+        bounded = rewrite.bounded_query(plan, salt=7, list_parameters=lists)
+        assert ("__mask" in bounded.query.sql("duckdb")) == lists
+        rows = c.sql(bounded.query.sql("duckdb"), params=dict(bounded.lists) or None).fetchall()
+        assert sorted(rows) == [("a", 1, 1), ("b", 2, 1), ("c", 1, 1)]  # row cap 1 per (unit, group)

@@ -32,7 +32,7 @@ from dpsql.analyze.public_values import member
 from dpsql.plan import GroupKey, Measurement, QueryPlan, Source, ValueRelease
 from dpsql.rewrite.columns import Layout, Read, RowValue, layout
 from dpsql.rewrite.distinct import distinct_row_value, distinct_total, kept_values
-from dpsql.rewrite.groupcap import Listed, kept
+from dpsql.rewrite.groupcap import Listed, combination, domain, kept, listed_value
 from dpsql.rewrite.key import LITERAL_PREFIX
 from dpsql.rewrite.nodes import alias as _alias
 from dpsql.rewrite.nodes import call as _func
@@ -128,7 +128,11 @@ def bounded_query(plan: QueryPlan, salt: int | None = None, list_parameters: boo
     binds lists; otherwise literal ``IN`` lists, keeping the same pairs."""
     columns = layout(plan)
     listed = _listed_keys(plan) if list_parameters else []
-    rows = _rows(plan, _row_projections(plan, columns, salt), bound={k for _, k, _, _ in listed})
+    # every key listed and few combinations, under the group cap: the rows carry their
+    # combination number instead of the keys (the mask form, :mod:`dpsql.rewrite.groupcap`)
+    combined = domain([k.name for k in plan.group_keys], listed) if listed and plan.sample_groups else None
+    projections = _row_projections(plan, columns, salt, combined)
+    rows = _rows(plan, projections, bound={k for _, k, _, _ in listed})
     if plan.unit_column is None and not plan.unit_is_row:
         query = _final(plan, columns, rows, per_row=True)
     elif not plan.measurements and plan.selection is None:
@@ -137,12 +141,12 @@ def bounded_query(plan: QueryPlan, salt: int | None = None, list_parameters: boo
         # (LIMIT 0: DuckDB plans the query, typing the keys, and reads nothing)
         query = _final(plan, columns, rows, per_row=True).limit(0, copy=False)
     else:
-        pairs = _pairs(plan, columns, rows)
-        if listed:  # listed values bound as lists: kept pairs only (before the group cap)
+        pairs = _pairs(plan, columns, rows, combined is not None)
+        if listed and combined is None:  # listed values bound as lists: kept pairs only (before the group cap)
             pairs.set("having", exp.Having(this=exp.and_(*(_in_list(*k) for k in listed), copy=False)))
         if plan.sample_groups:
             pairs = _kept(plan, pairs, salt, listed)
-        query = _final(plan, columns, pairs, per_row=False)
+        query = _final(plan, columns, pairs, per_row=False, combined=combined)
     lists = {name: list(values) for name, _, _, values in listed}
     # The salts are read off the tree just built (not its text): whatever shape the steps
     # above take, every placeholder they wrote is listed once.
@@ -265,12 +269,17 @@ def _aliased(plan: QueryPlan, source: Source) -> exp.Expression:
     return table
 
 
-def _row_projections(plan: QueryPlan, columns: Layout, salt: int | None = None) -> list[exp.Expr]:
+def _row_projections(plan: QueryPlan, columns: Layout, salt: int | None = None,
+                     combined: Sequence[Listed] | None = None) -> list[exp.Expr]:
+    """``combined``: the listed domain whose combination number ``__i`` stands for the keys."""
     projections: list[exp.Expr] = []
     per_unit = plan.unit_column is not None or plan.unit_is_row
     if per_unit:
         projections.append(_alias(_unit(plan), "__u"))
-    for key in plan.group_keys:
+    if combined is not None:
+        expressions = {key.name: key.expression for key in plan.group_keys}
+        projections.append(_alias(combination(combined, [expressions[name].copy() for _, name, _, _ in combined]), "__i"))
+    for key in plan.group_keys if combined is None else ():
         projections.append(_alias(key.expression.copy(), key.name))
     for value in columns.values:
         m = value.of
@@ -368,11 +377,12 @@ def _float(value: float) -> exp.Expression:
     return _cast(exp.Literal.number(repr(float(value))), "DOUBLE")
 
 
-def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select) -> exp.Select:
+def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select, combined: bool = False) -> exp.Select:
     """One row per (unit, group): capped counts and weighed-down sums; one ``SUM`` and one
-    ``COUNT`` per column (:mod:`dpsql.rewrite.columns`)."""
+    ``COUNT`` per column (:mod:`dpsql.rewrite.columns`). ``combined``: the group is the rows'
+    combination number ``__i``, and a row of an unlisted value (``__i`` NULL) is dropped."""
     cap = plan.max_rows_per_unit
-    keys = ["__u", *(k.name for k in plan.group_keys)]
+    keys = ["__u", "__i"] if combined else ["__u", *(k.name for k in plan.group_keys)]
     projections: list[exp.Expression] = [_col(k) for k in keys]
     for m in plan.measurements:
         read = columns.reads.get(m.name, Read())
@@ -390,6 +400,8 @@ def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select) -> exp.Select:
             raise AssertionError(f"no per-row column for {m.name}")
         projections.append(_alias(value, m.name))
     query = exp.Select(expressions=projections).from_(rows.subquery("__rows", copy=False), copy=False)
+    if combined:
+        query = query.where(exp.Not(this=exp.Is(this=_col("__i"), expression=exp.Null())), copy=False)
     return query.group_by(*(_col(k) for k in keys), copy=False)
 
 
@@ -432,9 +444,13 @@ def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None, listed: Sequence
     return kept(plan, pairs, "salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, listed)
 
 
-def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool) -> exp.Select:
+def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool,
+           combined: Sequence[Listed] | None = None) -> exp.Select:
+    """``combined``: ``source`` carries the combination number ``__i`` for the keys, written
+    back from the bound lists (grouped by ``__i``)."""
     keys = [k.name for k in plan.group_keys]
-    projections: list[exp.Expression] = [_col(k) for k in keys]
+    projections: list[exp.Expression] = [_col(k) for k in keys] if combined is None else [
+        _alias(listed_value(combined, j, _col("__i")), name) for j, (_, name, _, _) in enumerate(combined)]
     for m in plan.measurements:
         total: exp.Expression = exp.Coalesce(this=_total(m, columns.reads.get(m.name, Read()), per_row),
                                              expressions=[_int(0)])
@@ -447,6 +463,8 @@ def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool) 
     if not projections:  # only order statistics / UDFs, no keys: one row, nothing measured
         projections.append(_alias(exp.Count(this=exp.Star()), "__rows"))
     query = exp.Select(expressions=projections).from_(source.subquery("__src", copy=False), copy=False)
+    if combined is not None:
+        return query.group_by(_col("__i"), copy=False)
     return query.group_by(*(_col(k) for k in keys), copy=False) if keys else query
 
 

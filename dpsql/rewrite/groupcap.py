@@ -12,13 +12,20 @@ forms that keep exactly the same pairs for a given salt:
 - **any keys**: ``min(h, g + 1)[g + 1]``, DuckDB's list of the g+1 smallest hashes (Spark's
   ``min_by``), read down to one scalar before the join. The list aggregate is most of the
   step's cost (issue 16: 0.33 s of CPU on 1.06M pairs against 0.05 s for a scalar one).
-- **listed keys bound as lists, at most 63 listed combinations** (:data:`MASK_GROUPS`):
-  each pair's place in the listed domain ``i``, and per unit the scalar ``bit_or(1 << i)``
-  of the groups it has; the cut is then computed once per unit from that mask alone, by
-  hashing the present combinations from the bound lists and sorting them. No list aggregate
-  over the pairs at all. Each pair's own hash is of the listed values too (the row's values
-  but for a column that compares unlike values equal, e.g. a NOCASE collation: the cut and
-  the pairs then still agree, and no unit keeps more than g).
+- **listed keys bound as lists, at most 63 listed combinations** (:data:`MASK_GROUPS`,
+  :func:`domain`): each row's place in the listed domain, its combination number ``__i``
+  (:func:`combination`, NULL for a row of an unlisted value), is the one group key of the
+  pairs; per unit the scalar ``bit_or(1 << i)`` of the groups it has; the cut is then
+  computed once per unit from that mask alone, by hashing the present combinations from
+  the bound lists and sorting them. No list aggregate over the pairs at all. Each pair's
+  own hash is of the listed values at its number too, so the cut and the pairs always agree
+  and no unit keeps more than g (a column that compares unlike values equal, e.g. a NOCASE
+  collation, puts ``'North'`` and ``'north'`` in the one listed group, as its GROUP BY did).
+  The final step groups by ``__i`` and writes the keys back from the lists
+  (:func:`listed_value`). Grouping the rows by one integer instead of the key columns, and
+  filtering them by ``__i IS NOT NULL`` instead of a semi join per key, measured 1.64x ->
+  1.55x the floor (CPU, 10M rows, GROUP BY region, device) and 2.68x -> 2.22x at 1M
+  (issue 16), with the same kept pairs.
 
 Nothing the analyst typed is pasted: every node is built here.
 """
@@ -34,7 +41,7 @@ from dpsql.plan import QueryPlan
 from dpsql.rewrite import nodes
 from dpsql.rewrite.nodes import alias, call, cast, column, integer
 
-__all__ = ["MASK_GROUPS", "Listed", "kept"]
+__all__ = ["MASK_GROUPS", "Listed", "combination", "domain", "kept", "listed_value"]
 
 #: A unit's groups are one BIGINT bit mask when the listed domain has at most this many
 #: combinations (DuckDB's ``bit_count`` takes no unsigned type, and bit 63 is the sign).
@@ -50,26 +57,22 @@ def kept(plan: QueryPlan, pairs: exp.Select, salt: int | str, listed: Sequence[L
     hash ``keyed_hash(salt, unit, keys...)`` (see the module docstring).
 
     ``salt``: a literal, or the name of the query parameter the salt is bound to. ``listed``:
-    the keys bound as list parameters; when every group key is one of them and the listed
-    domain is small, the cut comes from a per-unit bit mask instead of a list aggregate."""
+    the keys bound as list parameters; when :func:`domain` finds them all and few, ``pairs``
+    carry the combination number ``__i`` instead of the keys (:func:`combination`) and the
+    cut comes from a per-unit bit mask instead of a list aggregate."""
     g = plan.max_groups_per_unit
     keys = [k.name for k in plan.group_keys]
-    domain = _domain(keys, listed)
+    combined = domain(keys, listed)
     source = pairs.subquery("__pairs", copy=False)
-    if domain is None:
+    if combined is None:
         hashed = exp.Select(expressions=[exp.Star(), alias(nodes.keyed_hash(salt, column("__u"), *map(column, keys)), "__h")])
         cuts = _list_cuts(g)
     else:
-        # Each key's 1-based place in its list, then the hash of the *listed* values at those
-        # places: the very values the mask's cut hashes, so the cut and the pairs always agree
-        # and a unit never keeps more than g. (The same hash as the pair's own key unless the
-        # column compares unlike values equal, e.g. a NOCASE collation.)
-        places = [alias(call("list_position", _values(entry), column(entry[1])), f"__p{j}") for j, entry in enumerate(domain)]
-        source = exp.Select(expressions=[exp.Star(), *places]).from_(source, copy=False).subquery("__places", copy=False)
-        values = [exp.Bracket(this=_values(entry), expressions=[column(f"__p{j}")], offset=1) for j, entry in enumerate(domain)]
-        hashed = exp.Select(expressions=[exp.Star(), alias(nodes.keyed_hash(salt, column("__u"), *values), "__h"),
-                                         alias(_position(domain), "__i")])
-        cuts = _mask_cuts(g, domain, salt)
+        # The hash of the *listed* values at the pair's number: the very values the mask's
+        # cut hashes, so the cut and the pairs always agree and a unit never keeps more than g.
+        hashed = exp.Select(expressions=[exp.Star(), alias(nodes.keyed_hash(salt, column("__u"), *(
+            listed_value(combined, j, column("__i")) for j in range(len(combined)))), "__h")])
+        cuts = _mask_cuts(g, combined, salt)
     hashed = hashed.from_(source, copy=False)
     keep = exp.or_(exp.Is(this=column("__c"), expression=exp.Null()),
                    exp.LT(this=column("__h", "__ph"), expression=column("__c")), copy=False)
@@ -81,6 +84,39 @@ def kept(plan: QueryPlan, pairs: exp.Select, salt: int | str, listed: Sequence[L
             .with_("__ph", as_=hashed, copy=False))
 
 
+def domain(keys: Sequence[str], listed: Sequence[Listed]) -> list[Listed] | None:
+    """The listed lists in key order, when every key is bound as one and the domain has at
+    most :data:`MASK_GROUPS` combinations (the mask form); else None (the list form)."""
+    by_key = {key: entry for entry in listed for key in [entry[1]]}
+    if len(by_key) != len(listed) or sorted(by_key) != sorted(keys):
+        return None
+    found = [by_key[k] for k in keys]
+    return found if math.prod(len(values) for _, _, _, values in found) <= MASK_GROUPS else None
+
+
+def combination(combined: Sequence[Listed], values: Sequence[exp.Expression]) -> exp.Expression:
+    """A row's combination number, 0 to size - 1, from its keys' ``values`` (in key order):
+    ``sum((list_position(list_j, value_j) - 1) * stride_j)``, NULL when any value is not
+    listed (or NULL)."""
+    total: exp.Expression | None = None
+    for entry, value, stride in zip(combined, values, _strides(combined), strict=True):
+        place: exp.Expression = exp.Sub(this=call("list_position", _values(entry), value), expression=integer(1))
+        term = exp.Mul(this=exp.Paren(this=place), expression=integer(stride)) if stride != 1 else place
+        total = term if total is None else exp.Add(this=total, expression=term)
+    assert total is not None, "a domain has at least one key"
+    return cast(total, "BIGINT")
+
+
+def listed_value(combined: Sequence[Listed], j: int, number: exp.Expression) -> exp.Expression:
+    """Key ``j``'s listed value in combination ``number``: ``list_j[number // stride_j % size_j + 1]``."""
+    entry, stride = combined[j], _strides(combined)[j]
+    size = math.prod(len(values) for _, _, _, values in combined)
+    place: exp.Expression = exp.IntDiv(this=number, expression=integer(stride)) if stride != 1 else number
+    if stride * len(entry[3]) != size:
+        place = exp.Mod(this=exp.Paren(this=place), expression=integer(len(entry[3])))
+    return exp.Bracket(this=_values(entry), expressions=[exp.Add(this=place, expression=integer(1))], offset=1)
+
+
 def _list_cuts(g: int) -> exp.Select:
     """Per unit ``(__lu, __c)``: the (g+1)-th smallest hash, NULL for a unit with at most g."""
     smallest = _index(call("min", column("__h"), integer(g + 1)), g + 1)
@@ -88,39 +124,18 @@ def _list_cuts(g: int) -> exp.Select:
             .from_(_table("__ph"), copy=False).group_by(column("__u"), copy=False))
 
 
-def _domain(keys: list[str], listed: Sequence[Listed]) -> list[Listed] | None:
-    """The listed lists in key order, when every key is bound as one and the domain is small."""
-    by_key = {key: entry for entry in listed for key in [entry[1]]}
-    if len(by_key) != len(listed) or sorted(by_key) != sorted(keys):
-        return None
-    domain = [by_key[k] for k in keys]
-    return domain if math.prod(len(values) for _, _, _, values in domain) <= MASK_GROUPS else None
-
-
 def _values(entry: Listed) -> exp.Expression:
     parameter, _, element, _ = entry
     return exp.Cast(this=exp.Placeholder(this=parameter), to=exp.DataType.build(f"{element}[]", dialect="duckdb"))
 
 
-def _strides(domain: list[Listed]) -> list[int]:
+def _strides(domain: Sequence[Listed]) -> list[int]:
     """Key j's place in the combination's number: ``i = sum(position_j * stride_j)``."""
     sizes = [len(values) for _, _, _, values in domain]
     return [math.prod(sizes[j + 1:]) for j in range(len(sizes))]
 
 
-def _position(domain: list[Listed]) -> exp.Expression:
-    """A pair's combination number, 0 to size - 1, from its keys' places ``__p0``, ``__p1`` ..."""
-    terms: list[exp.Expression] = []
-    for j, stride in enumerate(_strides(domain)):
-        place: exp.Expression = exp.Sub(this=column(f"__p{j}"), expression=integer(1))
-        terms.append(exp.Mul(this=exp.Paren(this=place), expression=integer(stride)) if stride != 1 else place)
-    total = terms[0]
-    for term in terms[1:]:
-        total = exp.Add(this=total, expression=term)
-    return cast(total, "BIGINT")
-
-
-def _mask_cuts(g: int, domain: list[Listed], salt: int | str) -> exp.Select:
+def _mask_cuts(g: int, domain: Sequence[Listed], salt: int | str) -> exp.Select:
     """Per unit ``(__lu, __c)`` from the scalar mask of its combinations: the present ones'
     keyed hashes, recomputed from the bound lists (the same values, so the same hashes),
     sorted; the (g+1)-th, when the unit has more than g."""
@@ -132,12 +147,7 @@ def _mask_cuts(g: int, domain: list[Listed], salt: int | str) -> exp.Select:
 
     present = exp.EQ(this=exp.BitwiseAnd(this=exp.Paren(this=exp.BitwiseRightShift(this=column("__m"), expression=var())),
                                          expression=integer(1)), expression=integer(1))
-    values: list[exp.Expression] = []
-    for entry, stride in zip(domain, _strides(domain), strict=True):
-        place: exp.Expression = exp.IntDiv(this=var(), expression=integer(stride)) if stride != 1 else var()
-        if stride * len(entry[3]) != size:
-            place = exp.Mod(this=exp.Paren(this=place), expression=integer(len(entry[3])))
-        values.append(exp.Bracket(this=_values(entry), expressions=[exp.Add(this=place, expression=integer(1))], offset=1))
+    values = [listed_value(domain, j, var()) for j in range(len(domain))]
     hashes = call("list_transform", call("list_filter", call("range", integer(size)), exp.Lambda(this=present, expressions=[x])),
                   exp.Lambda(this=nodes.keyed_hash(salt, column("__lu"), *values), expressions=[x.copy()]))
     more = exp.GT(this=call("bit_count", column("__m")), expression=integer(g))
