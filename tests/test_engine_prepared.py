@@ -46,6 +46,25 @@ def test_a_list_parameter_is_bound_and_a_plain_text_is_not_kept(tmp_path: Path) 
     engine.close()
 
 
+def test_a_short_list_parameter_is_written_into_the_execute_and_a_long_one_bound(tmp_path: Path) -> None:
+    # A listed domain small enough for the mask form runs as a prepared statement from its
+    # second run, the list written in (quotes doubled, the text's own element type); a list
+    # of more than LIST_LITERAL_ITEMS is bound every run and never prepared.
+    engine = DuckDBEngine(_database(tmp_path / "d.duckdb", 100))
+    engine._con.execute("CREATE TEMP TABLE names AS SELECT range AS x, concat('n', chr(39), range) AS s FROM range(100)")
+    short = Prepared("SELECT count(*) AS n FROM names WHERE s IN (SELECT unnest(CAST($s AS VARCHAR[]))) "
+                     "AND list_position(CAST($x AS SMALLINT[]), CAST(x AS SMALLINT)) IS NOT NULL")
+    names = ["n'1", "n'2", "n'3", "n'99", "absent"]
+    answers = [engine.run(short, {"s": names[:k], "x": [1, 2, 3, 99, 500]}).column("n").to_pylist() for k in (5, 4, 2)]
+    assert answers == [[4], [4], [2]]
+    assert len(_statements(engine)) == 1  # prepared on its second run, the third reused it
+    long_text = Prepared('SELECT count(*) AS n FROM "dpsql_data"."main"."t" WHERE x IN (SELECT unnest($keys))')
+    keys = list(range(engine_module.LIST_LITERAL_ITEMS + 1))
+    assert [engine.run(long_text, {"keys": keys}).column("n").to_pylist() for _ in range(3)] == [[65]] * 3
+    assert len(_statements(engine)) == 1  # the long list's text was never prepared
+    engine.close()
+
+
 def test_the_oldest_statement_is_dropped_past_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_module, "_STATEMENTS", 3)
     engine = DuckDBEngine(_database(tmp_path / "d.duckdb", 10))
