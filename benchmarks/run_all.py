@@ -67,7 +67,7 @@ class Section:
 
 SECTIONS = (
     Section("shapes", "bench_shapes.py", "dpsql / floor per query shape",
-            ("--repeat", "3"), ("--rows", "1000000", "--units", "100000", "--repeat", "1"), 4.0,
+            ("--repeat", "7"), ("--rows", "1000000", "--units", "100000", "--repeat", "1"), 4.0,
             "WHERE, public join, private key, two keys <= 1.4x the floor; 8 aggregates <= 2x; "
             "100,000 public keys <= 1.5x; MEDIAN <= 1.5x a hand-written bounded median"),
     Section("scale", "bench_scale.py", "Core GROUP BY from Parquet, time and peak memory",

@@ -25,9 +25,7 @@ thread), for the deadline of :mod:`dpsql.timing`.
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 import threading
 import warnings
 from collections.abc import Mapping
@@ -42,6 +40,7 @@ from sqlglot.dialects.dialect import Dialect
 from dpsql.errors import Error, InternalError
 from dpsql.hardened import lock, open_for_data
 from dpsql.plan import QueryPlan
+from dpsql.statements import execute_argument, writable
 
 __all__ = ["DuckDBEngine", "Engine", "Prepared", "bind"]
 
@@ -126,65 +125,6 @@ def _unnests_a_parameter(node: exp.Expr) -> bool:
         return False
     args = [a.this if isinstance(a, exp.Cast) else a for a in args]
     return len(args) == 1 and isinstance(args[0], (exp.Placeholder, exp.Parameter))
-
-
-#: A list parameter of at most this many integers or strings is written into an ``EXECUTE``
-#: (a listed domain small enough for the L0 cap's mask form, :mod:`dpsql.rewrite.groupcap`),
-#: so its query runs as a prepared statement; a longer one (100,000 public zips) is bound.
-#: Measured (issue 16): the calibration query's bounded SQL on 2,000 rows, text with its
-#: list bound 10.1 ms against ``EXECUTE`` with the list written in 7.9 ms (p50, interleaved).
-LIST_LITERAL_ITEMS = 64
-
-
-def _literal_parameter(value: object) -> bool:
-    """Whether a parameter can be written into an ``EXECUTE`` as a literal: an integer (the
-    salts), a string (a plan's literal parameters, :mod:`dpsql.rewrite.key`) or a short
-    list of them (:data:`LIST_LITERAL_ITEMS`); a longer list parameter is bound instead."""
-    if type(value) is list:
-        return len(value) <= LIST_LITERAL_ITEMS and all(type(v) is int or type(v) is str for v in value)
-    return type(value) is int or type(value) is str
-
-
-def _execute_argument(name: str, value: object, sql: str) -> str:
-    """A parameter as the ``EXECUTE`` literal: an integer in digits; a string written by
-    sqlglot's DuckDB writer, exactly as the bounded SQL would write that literal; a list of
-    them in brackets, cast to the list type the text casts it to when it reads it only so
-    (``CAST($k AS VARCHAR[])``, :func:`_list_type`).
-
-    A salt that the text reads only as ``CAST($salt AS UBIGINT)`` (:mod:`dpsql.rewrite.nodes`)
-    goes in as a ``UBIGINT``, the same value the query's own cast makes: DuckDB binds a
-    prepared statement again when a parameter's type differs from the one it was prepared
-    with, and a bare integer is an ``INTEGER_LITERAL``. (A parameter read twice in a text is
-    bound again on every run whatever its type.)"""
-    if type(value) is list:
-        items = "[" + ", ".join(_execute_argument(name, v, "") for v in value) + "]"
-        kind = _list_type(name, sql)
-        return f"CAST({items} AS {kind}[])" if kind is not None else items
-    if type(value) is int:
-        if 0 <= value < 2**64 and _only_ubigint(name, sql):
-            return f"CAST({value} AS UBIGINT)"
-        return str(value)
-    return exp.Literal.string(str(value)).sql(dialect="duckdb")
-
-
-@functools.lru_cache(maxsize=256)
-def _list_type(name: str, sql: str) -> str | None:
-    """The element type of ``CAST($name AS <type>[])`` when every use of ``$name`` in ``sql``
-    is that one cast; else None."""
-    marker = re.escape(f"${name}")
-    uses = len(re.findall(marker + r"(?![A-Za-z0-9_])", sql))
-    kinds = set(re.findall(r"CAST\(" + marker + r" AS ([A-Z0-9_]+)\[\]\)", sql))
-    count = sum(len(re.findall(r"CAST\(" + marker + rf" AS {k}\[\]\)", sql)) for k in kinds)
-    return next(iter(kinds)) if len(kinds) == 1 and uses > 0 and count == uses else None
-
-
-@functools.lru_cache(maxsize=256)
-def _only_ubigint(name: str, sql: str) -> bool:
-    """Whether every use of ``$name`` in ``sql`` is ``CAST($name AS UBIGINT)``."""
-    marker = f"${name}"
-    uses = len(re.findall(re.escape(marker) + r"(?![A-Za-z0-9_])", sql))
-    return uses > 0 and sql.count(f"CAST({marker} AS UBIGINT)") == uses
-
 
 
 class Engine(Protocol):
@@ -353,14 +293,14 @@ class DuckDBEngine:
         query once for its signature and then again to run it (twice the CPU on a small
         query). A :class:`Prepared` text runs as a prepared statement (parsed, bound and
         optimized once per text), its integer, string and short list parameters written into
-        the ``EXECUTE`` (:func:`_literal_parameter`); a run binding a long list parameter runs
+        the ``EXECUTE`` (:func:`dpsql.statements.writable`); a run binding a long list parameter runs
         the text directly."""
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
         con = self._plain if isinstance(query, _Unoptimized) and self._plain is not None else self._con
         with self._lock:
             self._running = con
             statement = None
-            if isinstance(query, Prepared) and all(_literal_parameter(v) for v in (params or {}).values()):
+            if isinstance(query, Prepared) and all(writable(v) for v in (params or {}).values()):
                 statement = self._statement(con, sql, params or {})
             if statement is not None:
                 return _arrow(con, statement, None)
@@ -393,7 +333,7 @@ class DuckDBEngine:
             return None
         if not params:
             return f"EXECUTE {name}"
-        return f"EXECUTE {name}(" + ", ".join(f"{k} := {_execute_argument(k, v, sql)}" for k, v in params.items()) + ")"
+        return f"EXECUTE {name}(" + ", ".join(f"{k} := {execute_argument(k, v, sql)}" for k, v in params.items()) + ")"
 
     def shown_sql(self, query: exp.Expression) -> str:
         return query.sql(dialect=self.dialect, pretty=True)

@@ -9,6 +9,7 @@ import duckdb
 import pytest
 
 import dpsql.engine as engine_module
+from dpsql import statements
 from dpsql.engine import DuckDBEngine, Prepared
 
 SALTED = 'SELECT g, sum(hash(hash(x), CAST($salt AS UBIGINT)) % 1000) AS h FROM "dpsql_data"."main"."t" GROUP BY g ORDER BY g'
@@ -59,7 +60,7 @@ def test_a_short_list_parameter_is_written_into_the_execute_and_a_long_one_bound
     assert answers == [[4], [4], [2]]
     assert len(_statements(engine)) == 1  # prepared on its second run, the third reused it
     long_text = Prepared('SELECT count(*) AS n FROM "dpsql_data"."main"."t" WHERE x IN (SELECT unnest($keys))')
-    keys = list(range(engine_module.LIST_LITERAL_ITEMS + 1))
+    keys = list(range(statements.LIST_LITERAL_ITEMS + 1))
     assert [engine.run(long_text, {"keys": keys}).column("n").to_pylist() for _ in range(3)] == [[65]] * 3
     assert len(_statements(engine)) == 1  # the long list's text was never prepared
     engine.close()
@@ -168,9 +169,9 @@ def test_a_salt_goes_into_execute_as_the_type_it_was_prepared_with(tmp_path: Pat
              'FROM "dpsql_data"."main"."t" GROUP BY ALL) GROUP BY g')
     plain.execute(f"PREPARE q AS {query}")
     salt = 2**63 + 12345
-    typed = engine_module._execute_argument("salt", salt, query)
+    typed = statements.execute_argument("salt", salt, query)
     assert typed == f"CAST({salt} AS UBIGINT)"
-    assert engine_module._execute_argument("salt", salt, query + " AND $salt = 1") == str(salt)  # read bare too
+    assert statements.execute_argument("salt", salt, query + " AND $salt = 1") == str(salt)  # read bare too
     direct = min(_binding_ms(plain, query.replace("$salt", str(salt)), profile) for _ in range(3))
     bare = min(_binding_ms(plain, f"EXECUTE q(salt := {salt})", profile) for _ in range(3))
     cast = min(_binding_ms(plain, f"EXECUTE q(salt := {typed})", profile) for _ in range(3))

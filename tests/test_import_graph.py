@@ -31,7 +31,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("privacy", ("dpsql.privacy",)),
     ("analyze", ("dpsql.normalize", "dpsql.analyze")),
     ("rewrite", ("dpsql.rewrite",)),
-    ("engine", ("dpsql.engine", "dpsql.spark", "dpsql.datasources")),
+    ("engine", ("dpsql.statements", "dpsql.engine", "dpsql.spark", "dpsql.datasources")),
     ("release", ("dpsql.release", "dpsql.read")),
     ("postprocess", ("dpsql.postprocess",)),
     ("report", ("dpsql.report", "dpsql.codec")),
