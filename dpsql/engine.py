@@ -225,6 +225,14 @@ class DuckDBEngine:
             if data_version is not None:
                 self._version += f":owner:{data_version}"
         self._schema = self._read_schema()
+        self._small = self._plain is not None or (self._catalog is None and self._small_tables())
+
+    def _small_tables(self) -> bool:
+        """Whether a wrapped connection's tables are all small (catalog metadata, as
+        :func:`_set_threads` decides for a file) and it has no view, whose size is unknown."""
+        rows = self._con.sql("SELECT max(estimated_size), count(*) FROM duckdb_tables() WHERE database_name = "
+                             "current_database() AND schema_name = 'main'").fetchall()[0]
+        return not self._views and int(rows[1]) > 0 and int(rows[0] or 0) <= ONE_THREAD_ROWS
 
     def _read_schema(self) -> dict[str, dict[str, str]]:
         catalog = self._catalog or self._con.sql("SELECT current_database()").fetchall()[0][0]
@@ -292,15 +300,15 @@ class DuckDBEngine:
         DuckDB's native ``execute``, not ``sql()``: the latter's relation layer binds the
         query once for its signature and then again to run it (twice the CPU on a small
         query). A :class:`Prepared` text runs as a prepared statement (parsed, bound and
-        optimized once per text), its integer, string and short list parameters written into
-        the ``EXECUTE`` (:func:`dpsql.statements.writable`); a run binding a long list parameter runs
-        the text directly."""
+        optimized once per text), its integer and string parameters written into the
+        ``EXECUTE``, and on small tables its short lists too (:func:`dpsql.statements.writable`);
+        a run binding a list parameter otherwise runs the text directly."""
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
         con = self._plain if isinstance(query, _Unoptimized) and self._plain is not None else self._con
         with self._lock:
             self._running = con
             statement = None
-            if isinstance(query, Prepared) and all(writable(v) for v in (params or {}).values()):
+            if isinstance(query, Prepared) and all(writable(v, self._small) for v in (params or {}).values()):
                 statement = self._statement(con, sql, params or {})
             if statement is not None:
                 return _arrow(con, statement, None)

@@ -20,20 +20,22 @@ import sqlglot.expressions as exp
 __all__ = ["LIST_LITERAL_ITEMS", "execute_argument", "writable"]
 
 
-#: A list parameter of at most this many integers or strings is written into an ``EXECUTE``
-#: (a listed domain small enough for the L0 cap's mask form, :mod:`dpsql.rewrite.groupcap`),
-#: so its query runs as a prepared statement; a longer one (100,000 public zips) is bound.
-#: Measured (issue 16): the calibration query's bounded SQL on 2,000 rows, text with its
-#: list bound 10.1 ms against ``EXECUTE`` with the list written in 7.9 ms (p50, interleaved).
+#: On small tables, a list parameter of at most this many integers or strings is written
+#: into an ``EXECUTE`` (a listed domain small enough for the L0 cap's mask form,
+#: :mod:`dpsql.rewrite.groupcap`), so its query runs as a prepared statement; a longer one
+#: (100,000 public zips) is bound. Measured (issue 16): the calibration query's bounded SQL
+#: on 2,000 rows, text with its list bound 10.1 ms against ``EXECUTE`` with the list written
+#: in 7.9 ms (p50, interleaved); on 10M rows the ``EXECUTE`` ran 2-10% *slower* than the
+#: bound text in three interleaved runs, hence small tables only.
 LIST_LITERAL_ITEMS = 64
 
 
-def writable(value: object) -> bool:
+def writable(value: object, lists: bool = True) -> bool:
     """Whether a parameter can be written into an ``EXECUTE`` as a literal: an integer (the
-    salts), a string (a plan's literal parameters, :mod:`dpsql.rewrite.key`) or a short
-    list of them (:data:`LIST_LITERAL_ITEMS`); a longer list parameter is bound instead."""
+    salts), a string (a plan's literal parameters, :mod:`dpsql.rewrite.key`) or, when
+    ``lists``, a short list of them (:data:`LIST_LITERAL_ITEMS`); another list is bound."""
     if type(value) is list:
-        return len(value) <= LIST_LITERAL_ITEMS and all(type(v) is int or type(v) is str for v in value)
+        return lists and len(value) <= LIST_LITERAL_ITEMS and all(type(v) is int or type(v) is str for v in value)
     return type(value) is int or type(value) is str
 
 

@@ -64,6 +64,12 @@ def test_a_short_list_parameter_is_written_into_the_execute_and_a_long_one_bound
     assert [engine.run(long_text, {"keys": keys}).column("n").to_pylist() for _ in range(3)] == [[65]] * 3
     assert len(_statements(engine)) == 1  # the long list's text was never prepared
     engine.close()
+    # On a large file a short list is bound too (there the EXECUTE ran slower than the text).
+    large = DuckDBEngine(_database(tmp_path / "large.duckdb", engine_module.ONE_THREAD_ROWS + 1))
+    listed = Prepared('SELECT count(*) AS n FROM "dpsql_data"."main"."t" WHERE list_position(CAST($x AS BIGINT[]), x) > 0')
+    assert [large.run(listed, {"x": [1, 2, 3]}).column("n").to_pylist() for _ in range(3)] == [[3]] * 3
+    assert _statements(large) == []
+    large.close()
 
 
 def test_the_oldest_statement_is_dropped_past_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
