@@ -230,9 +230,8 @@ class DuckDBEngine:
     def _small_tables(self) -> bool:
         """Whether a wrapped connection's tables are all small (catalog metadata, as
         :func:`_set_threads` decides for a file) and it has no view, whose size is unknown."""
-        rows = self._con.sql("SELECT max(estimated_size), count(*) FROM duckdb_tables() WHERE database_name = "
-                             "current_database() AND schema_name = 'main'").fetchall()[0]
-        return not self._views and int(rows[1]) > 0 and int(rows[0] or 0) <= ONE_THREAD_ROWS
+        counts = self.row_counts()
+        return not self._views and bool(counts) and max(counts.values()) <= ONE_THREAD_ROWS
 
     def _read_schema(self) -> dict[str, dict[str, str]]:
         catalog = self._catalog or self._con.sql("SELECT current_database()").fetchall()[0][0]

@@ -247,7 +247,7 @@ class PlanKeys:
             return known[4]
         key = plan_key(plan, analyst=analyst, policy=policy, data=data)
         if len(self._keys) >= self._size:
-            self._keys.pop(next(iter(self._keys), None), None)  # type: ignore[arg-type]
+            del self._keys[next(iter(self._keys))]  # the oldest
         self._keys[id(plan)] = (plan, analyst, policy, data, key)
         return key
 

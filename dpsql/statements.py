@@ -42,46 +42,41 @@ def writable(value: object, lists: bool = True) -> bool:
 def execute_argument(name: str, value: object, sql: str) -> str:
     """A parameter as the ``EXECUTE`` literal: an integer in digits; a string written by
     sqlglot's DuckDB writer, exactly as the bounded SQL would write that literal; a list of
-    them in brackets, cast to the list type the text casts it to when it reads it only so
-    (``CAST($k AS VARCHAR[])``, :func:`_list_type`).
+    them in brackets. Each is cast to the type the text casts it to when every use of it in
+    the text is that one cast (:func:`_cast_type`): a salt read only as
+    ``CAST($salt AS UBIGINT)`` (:mod:`dpsql.rewrite.nodes`), a list read only as
+    ``CAST($k AS VARCHAR[])``.
 
-    A salt that the text reads only as ``CAST($salt AS UBIGINT)`` (:mod:`dpsql.rewrite.nodes`)
-    goes in as a ``UBIGINT``, the same value the query's own cast makes: DuckDB binds a
-    prepared statement again when a parameter's type differs from the one it was prepared
-    with, and a bare integer is an ``INTEGER_LITERAL``. (A parameter read twice in a text is
-    bound again on every run whatever its type.)"""
+    DuckDB binds a prepared statement again when a parameter's type differs from the one it
+    was prepared with, and a bare integer is an ``INTEGER_LITERAL``. (A parameter read twice
+    in a text is bound again on every run whatever its type.)"""
     if type(value) is list:
         return _list_argument(name, tuple(value), sql)
     if type(value) is int:
-        if 0 <= value < 2**64 and _only_ubigint(name, sql):
+        if 0 <= value < 2**64 and _cast_type(name, sql) == "UBIGINT":
             return f"CAST({value} AS UBIGINT)"
         return str(value)
-    return exp.Literal.string(str(value)).sql(dialect="duckdb")
+    return _literal(value)
+
+
+def _literal(value: object) -> str:
+    return str(value) if type(value) is int else exp.Literal.string(str(value)).sql(dialect="duckdb")
 
 
 @functools.lru_cache(maxsize=256)
 def _list_argument(name: str, values: tuple[object, ...], sql: str) -> str:
     """A short list as its ``EXECUTE`` literal (remembered: a plan's listed values are the
     policy's, the same on every run, and sqlglot writes a string literal in ~40 us)."""
-    items = "[" + ", ".join(execute_argument(name, v, "") for v in values) + "]"
-    kind = _list_type(name, sql)
-    return f"CAST({items} AS {kind}[])" if kind is not None else items
+    items = "[" + ", ".join(_literal(v) for v in values) + "]"
+    kind = _cast_type(name, sql)
+    return f"CAST({items} AS {kind})" if kind is not None and kind.endswith("[]") else items
 
 
 @functools.lru_cache(maxsize=256)
-def _list_type(name: str, sql: str) -> str | None:
-    """The element type of ``CAST($name AS <type>[])`` when every use of ``$name`` in ``sql``
-    is that one cast; else None."""
+def _cast_type(name: str, sql: str) -> str | None:
+    """``T`` when every use of ``$name`` in ``sql`` is ``CAST($name AS T)`` with one ``T``
+    (``UBIGINT``, ``VARCHAR[]`` ...); else None."""
     marker = re.escape(f"${name}")
     uses = len(re.findall(marker + r"(?![A-Za-z0-9_])", sql))
-    kinds = set(re.findall(r"CAST\(" + marker + r" AS ([A-Z0-9_]+)\[\]\)", sql))
-    count = sum(len(re.findall(r"CAST\(" + marker + rf" AS {k}\[\]\)", sql)) for k in kinds)
-    return next(iter(kinds)) if len(kinds) == 1 and uses > 0 and count == uses else None
-
-
-@functools.lru_cache(maxsize=256)
-def _only_ubigint(name: str, sql: str) -> bool:
-    """Whether every use of ``$name`` in ``sql`` is ``CAST($name AS UBIGINT)``."""
-    marker = f"${name}"
-    uses = len(re.findall(re.escape(marker) + r"(?![A-Za-z0-9_])", sql))
-    return uses > 0 and sql.count(f"CAST({marker} AS UBIGINT)") == uses
+    kinds = re.findall(r"CAST\(" + marker + r" AS ([A-Z0-9_]+(?:\[\])?)\)", sql)
+    return kinds[0] if uses > 0 and len(kinds) == uses and len(set(kinds)) == 1 else None

@@ -116,7 +116,7 @@ def test_mask_form_keeps_the_same_pairs_as_the_list_form(con: duckdb.DuckDBPyCon
     sizes = con.sql("SELECT least(count(*), 3) FROM (SELECT DISTINCT u, a, b FROM many2) GROUP BY u").fetchall()
     for salt in range(25):
         by_list = _kept_pairs(con, groupcap.kept(_Plan(), pairs.copy(), salt), {})  # type: ignore[arg-type]
-        masked = groupcap.kept(_Plan(), numbered.copy(), salt, listed)  # type: ignore[arg-type]
+        masked = groupcap.kept(_Plan(), numbered.copy(), salt, combined)  # type: ignore[arg-type]
         assert "__mask" in masked.sql("duckdb")
         keys = ", ".join(f"{groupcap.listed_value(combined, j, exp.column('__i')).sql('duckdb')} AS __g{j}" for j in range(2))
         back = con.sql(f"SELECT __u, {keys} FROM ({masked.sql('duckdb')}) ORDER BY ALL", params=params).fetchall()
@@ -128,9 +128,10 @@ def test_mask_form_only_for_small_listed_domains() -> None:
     pairs = exp.select("u AS __u", "a AS __g0", "b AS __g1").from_("t").group_by("u", "a", "b")
     small = [("la", "__g0", "INTEGER", tuple(range(7))), ("lb", "__g1", "INTEGER", tuple(range(9)))]  # 63 combinations
     large = [("la", "__g0", "INTEGER", tuple(range(8))), ("lb", "__g1", "INTEGER", tuple(range(8)))]  # 64
-    assert "__mask" in groupcap.kept(_Plan(), pairs.copy(), 1, small).sql("duckdb")  # type: ignore[arg-type]
-    assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, large).sql("duckdb")  # type: ignore[arg-type]
-    assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, small[:1]).sql("duckdb")  # type: ignore[arg-type]
+    keys = ["__g0", "__g1"]
+    assert "__mask" in groupcap.kept(_Plan(), pairs.copy(), 1, groupcap.domain(keys, small)).sql("duckdb")  # type: ignore[arg-type]
+    assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, groupcap.domain(keys, large)).sql("duckdb")  # type: ignore[arg-type]
+    assert "__mask" not in groupcap.kept(_Plan(), pairs.copy(), 1, groupcap.domain(keys, small[:1])).sql("duckdb")  # type: ignore[arg-type]
 
 
 def test_mask_form_holds_the_cap_when_unlike_values_compare_equal() -> None:

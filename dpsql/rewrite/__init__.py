@@ -145,7 +145,7 @@ def bounded_query(plan: QueryPlan, salt: int | None = None, list_parameters: boo
         if listed and combined is None:  # listed values bound as lists: kept pairs only (before the group cap)
             pairs.set("having", exp.Having(this=exp.and_(*(_in_list(*k) for k in listed), copy=False)))
         if plan.sample_groups:
-            pairs = _kept(plan, pairs, salt, listed)
+            pairs = _kept(plan, pairs, salt, combined)
         query = _final(plan, columns, pairs, per_row=False, combined=combined)
     lists = {name: list(values) for name, _, _, values in listed}
     # The salts are read off the tree just built (not its text): whatever shape the steps
@@ -438,10 +438,10 @@ def _rescaled_sum(total: Callable[[], exp.Expression], count: str, cap: int) -> 
     return exp.Case(ifs=[exp.If(this=exp.GT(this=n(), expression=_int(cap)), true=scaled)], default=total())
 
 
-def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None, listed: Sequence[Listed] = ()) -> exp.Select:
+def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None, combined: Sequence[Listed] | None = None) -> exp.Select:
     """Each unit's ``max_groups_per_unit`` groups of smallest keyed hash (the L0 cap,
-    :mod:`dpsql.rewrite.groupcap`; ``listed``: the keys bound as list parameters)."""
-    return kept(plan, pairs, "salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, listed)
+    :mod:`dpsql.rewrite.groupcap`; ``combined``: the listed domain whose number the pairs carry)."""
+    return kept(plan, pairs, "salt2" if salt is None else salt ^ 0x5A5A5A5A5A5A5A5, combined)
 
 
 def _final(plan: QueryPlan, columns: Layout, source: exp.Select, per_row: bool,

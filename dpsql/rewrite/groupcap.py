@@ -52,17 +52,16 @@ MASK_GROUPS = 63
 Listed = tuple[str, str, str, tuple[object, ...]]
 
 
-def kept(plan: QueryPlan, pairs: exp.Select, salt: int | str, listed: Sequence[Listed] = ()) -> exp.Select:
+def kept(plan: QueryPlan, pairs: exp.Select, salt: int | str, combined: Sequence[Listed] | None = None) -> exp.Select:
     """``pairs`` (one row per unit and group) down to each unit's g groups of smallest keyed
     hash ``keyed_hash(salt, unit, keys...)`` (see the module docstring).
 
-    ``salt``: a literal, or the name of the query parameter the salt is bound to. ``listed``:
-    the keys bound as list parameters; when :func:`domain` finds them all and few, ``pairs``
-    carry the combination number ``__i`` instead of the keys (:func:`combination`) and the
-    cut comes from a per-unit bit mask instead of a list aggregate."""
+    ``salt``: a literal, or the name of the query parameter the salt is bound to.
+    ``combined``: the listed domain (:func:`domain`) when ``pairs`` carry the combination
+    number ``__i`` instead of the keys (:func:`combination`): the cut then comes from a
+    per-unit bit mask instead of a list aggregate."""
     g = plan.max_groups_per_unit
     keys = [k.name for k in plan.group_keys]
-    combined = domain(keys, listed)
     source = pairs.subquery("__pairs", copy=False)
     if combined is None:
         hashed = exp.Select(expressions=[exp.Star(), alias(nodes.keyed_hash(salt, column("__u"), *map(column, keys)), "__h")])
