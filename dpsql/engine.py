@@ -40,7 +40,7 @@ from sqlglot.dialects.dialect import Dialect
 from dpsql.errors import Error, InternalError
 from dpsql.hardened import lock, open_for_data
 from dpsql.plan import QueryPlan
-from dpsql.statements import execute_argument, writable
+from dpsql.statements import execute_argument, read_once, spread, writable
 
 __all__ = ["DuckDBEngine", "Engine", "Prepared", "bind"]
 
@@ -290,6 +290,8 @@ class DuckDBEngine:
         :meth:`run` keeps it as a DuckDB prepared statement (see :class:`Prepared`); on a
         small file, unoptimized where :func:`runs_unoptimized` says so."""
         plain = self._plain is not None and runs_unoptimized(query)
+        if plain:  # bound once, not on every run (:func:`dpsql.statements.read_once`)
+            read_once(query)
         text = Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False)
         return _Unoptimized(text) if plain else Prepared(text)
 
@@ -304,6 +306,8 @@ class DuckDBEngine:
         a run binding a list parameter otherwise runs the text directly."""
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
         con = self._plain if isinstance(query, _Unoptimized) and self._plain is not None else self._con
+        if isinstance(query, _Unoptimized):
+            params = spread(sql, params)
         with self._lock:
             self._running = con
             statement = None
@@ -344,6 +348,12 @@ class DuckDBEngine:
 
     def shown_sql(self, query: exp.Expression) -> str:
         return query.sql(dialect=self.dialect, pretty=True)
+
+    @property
+    def one_thread(self) -> bool:
+        """Whether this engine runs a small file's way: one thread, and plain bounded queries
+        unoptimized on a second connection (:func:`small_settings`)."""
+        return self._plain is not None
 
     def data_version(self) -> str:
         """A name for the data's current version that is not read from the data (see the
@@ -437,6 +447,12 @@ def _set_threads(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection | 
     ).fetchall()[0][0]
     if int(rows or 0) > ONE_THREAD_ROWS:
         return None
+    return small_settings(con)
+
+
+def small_settings(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A small file's settings on ``con`` (:func:`_set_threads`), and its second, unoptimized
+    connection (also the timing calibration's, :mod:`dpsql.calibration`, for such a file)."""
     con.execute("SET threads = 1")
     con.execute(f"SET disabled_optimizers = '{','.join(SMALL_TABLE_OPTIMIZERS_OFF)}'")
     plain = con.cursor()  # the same instance and attached file; its own session settings

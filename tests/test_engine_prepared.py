@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -69,6 +70,34 @@ def test_a_short_list_parameter_is_written_into_the_execute_and_a_long_one_bound
     listed = Prepared('SELECT count(*) AS n FROM "dpsql_data"."main"."t" WHERE list_position(CAST($x AS BIGINT[]), x) > 0')
     assert [large.run(listed, {"x": [1, 2, 3]}).column("n").to_pylist() for _ in range(3)] == [[3]] * 3
     assert _statements(large) == []
+    large.close()
+
+
+def test_a_parameter_read_twice_gets_a_name_per_use_in_an_unoptimized_text(tmp_path: Path) -> None:
+    # DuckDB binds an unoptimized statement again on every EXECUTE when it reads one
+    # parameter in two places (the L0 cut reads the salt and the lists at the pairs and in
+    # the cut): each use after the first is its own parameter, bound to the same value.
+    import sqlglot
+
+    engine = DuckDBEngine(_database(tmp_path / "d.duckdb", 300))
+    text = ('SELECT g, sum(hash(x, CAST($salt AS UBIGINT)) % 1000) AS h, '
+            'sum(CASE WHEN list_position(CAST($k AS BIGINT[]), g) > 0 THEN hash(g, CAST($salt AS UBIGINT)) % 7 END) AS c, '
+            'max(list_position(CAST($k AS BIGINT[]), x)) AS p FROM "dpsql_data"."main"."t" GROUP BY g ORDER BY g')
+    prepared = engine.prepare(sqlglot.parse_one(text, read="duckdb"))
+    assert isinstance(prepared, engine_module._Unoptimized)
+    for name in ("salt", "k"):
+        uses = re.findall(r"\$" + name + r"(?:__again[0-9]+)?(?![A-Za-z0-9_])", prepared)
+        assert len(uses) == 2 and len(set(uses)) == 2, uses  # two uses, two names
+    for salt in (1, 2**61 + 7, 1):
+        expected = engine._con.execute(text, {"salt": salt, "k": [0, 2, 250]}).fetchall()
+        got = engine.run(prepared, {"salt": salt, "k": [0, 2, 250]})
+        assert [tuple(r.values()) for r in got.to_pylist()] == expected
+    assert len(_statements(engine)) == 0 and len(engine._plain.execute(  # type: ignore[union-attr]
+        "SELECT name FROM duckdb_prepared_statements()").fetchall()) == 1
+    # A large file's statements run optimized (bound on every run anyway): left as written.
+    large = DuckDBEngine(_database(tmp_path / "large.duckdb", engine_module.ONE_THREAD_ROWS + 1))
+    assert large.prepare(sqlglot.parse_one(text, read="duckdb")).count("$salt") == 2
+    engine.close()
     large.close()
 
 

@@ -17,9 +17,11 @@ import pytest
 import dpsql
 from dpsql import rewrite
 from dpsql.analyze.calibrate import lattice_units
+from dpsql.engine import _Unoptimized
 from dpsql.policy import parse_policy
 from dpsql.rewrite import bounded_query, value_query
 from dpsql.rewrite.columns import layout
+from dpsql.statements import read_once
 
 POLICY = """
 [privacy]
@@ -160,7 +162,10 @@ def test_bounded_sql_is_the_tree_written_without_a_copy(conn) -> None:
     for sql in QUERIES:
         plan = conn.plan(sql, epsilon=1.0)
         tree = bounded_query(plan, list_parameters=True).query
-        assert conn._engine.prepare(bounded_query(plan, list_parameters=True).query) == tree.sql(dialect=conn._engine.dialect)
+        prepared = conn._engine.prepare(bounded_query(plan, list_parameters=True).query)
+        if isinstance(prepared, _Unoptimized):  # a small file: each use of a parameter its own name
+            read_once(tree)
+        assert prepared == tree.sql(dialect=conn._engine.dialect)
 
 
 def test_value_query_drops_the_group_window_only_where_it_cannot_bind(conn) -> None:
