@@ -92,6 +92,7 @@ def main() -> int:
     parser.add_argument("--compare-deadline-ms-per-million-rows", type=float, default=None)
     parser.add_argument("--compare-slack", type=float, default=None, help="the compared server's deadline_slack")
     parser.add_argument("--compare-margin-ms", type=float, default=None, help="the compared server's deadline_margin_ms")
+    parser.add_argument("--logs", metavar="DIR", help="also keep each server's log in DIR (this.log, compared.log)")
     parser.add_argument("--write", action="store_true", help=f"also append the report to {RESULTS}")
     args = parser.parse_args()
 
@@ -136,6 +137,10 @@ def main() -> int:
             for proc, _ in servers:
                 exit_codes.append(_stop_server(proc))
         logs = [(home / name / "server.log").read_text() for name, _ in codes]
+        if args.logs:
+            Path(args.logs).mkdir(parents=True, exist_ok=True)
+            for (name, _), text in zip(codes, logs):
+                (Path(args.logs) / f"{name}.log").write_text(text)
         models = [next((line.split("deadlines: ", 1)[1] for line in text.splitlines() if "deadlines: " in line), "?")
                   for text in logs]
         counts = [text.count("ran past its deadline") + text.count("missed its deadline") for text in logs]

@@ -7,18 +7,22 @@ it once so that first-time costs do not fall inside the first analyst's deadline
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpsql.engine import DuckDBEngine
+from dpsql.engine import DuckDBEngine, small_settings
 from dpsql.policy import parse_policy
 from dpsql.privacy import Ledger
 from dpsql.timing import TimingModel
+
+if TYPE_CHECKING:
+    import duckdb
 
 __all__ = ["calibrate", "warm_up"]
 
@@ -45,7 +49,7 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
     cores to itself. The tails are the slack's job. Takes one to two seconds on DuckDB.
     """
     policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
-    scratch = getattr(engine, "scratch", None) or _duckdb_scratch
+    scratch = getattr(engine, "scratch", None) or functools.partial(_duckdb_scratch, small=getattr(engine, "one_thread", False))
     times = []
     with tempfile.TemporaryDirectory(prefix="dpsql-calibration-") as folder:
         for n in rows:
@@ -71,19 +75,34 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
     return TimingModel(base=_quantized(base), per_row=_quantized(per_row))
 
 
-def _duckdb_scratch(rows: int) -> DuckDBEngine:
+def _duckdb_scratch(rows: int, small: bool = False) -> DuckDBEngine:
     """A DuckDB engine over the calibration table ``t``: ``u`` (four rows each), ``g``
-    (seven groups), ``x`` in [0, 1000); closed with its connection."""
+    (seven groups), ``x`` in [0, 1000); closed with its connection. ``small``: set up as
+    DuckDB serves a small file (:attr:`~dpsql.engine.DuckDBEngine.one_thread`: one thread,
+    plain bounded queries prepared unoptimized), when the engine the deadlines are for is
+    one, so that the base is that of the path its queries take (before, a small file's
+    deadlines were measured on DuckDB's defaults, where an optimized prepared statement is
+    bound and planned again on every run). Measured (issue 16, ``benchmarks/deadline_work.py
+    --heavy`` with and without ``--small``, load 0.3): the calibration query's answer on
+    2,000 rows 5.2 against 8.8 ms (p50), eight aggregates 25.6 against 31.8 ms; three
+    calibrations each, alternating, gave bases of 4.7-5.5 against 9.3-15.6 ms."""
     import duckdb
 
     con = duckdb.connect(":memory:", config={"python_enable_replacements": False})
     con.execute(f"CREATE TABLE t AS SELECT range // 4 AS u, 'g' || (range % 7) AS g, "
                 f"(range * 7919 % 1000)::DOUBLE AS x FROM range({int(rows)})")
-    return _ScratchDuckDB(con)
+    return _ScratchDuckDB(con, small_settings(con) if small else None)
 
 
 class _ScratchDuckDB(DuckDBEngine):
+    def __init__(self, con: duckdb.DuckDBPyConnection, plain: duckdb.DuckDBPyConnection | None) -> None:
+        super().__init__(con)
+        if plain is not None:  # a small file's two connections (DuckDBEngine._open_hardened)
+            self._plain, self._small = plain, True
+
     def close(self) -> None:
+        if self._plain is not None:
+            self._plain.close()
         self._con.close()
 
 
