@@ -6,7 +6,7 @@ for a few query shapes on the calibration tables (:mod:`dpsql.calibration`, 2,00
 query's beside their :func:`~dpsql.timing.plan_work` ratio. The model is conservative for a
 shape when its measured ratio is at most its work ratio.
 
-    python benchmarks/deadline_work.py --repeat 25
+    python benchmarks/deadline_work.py --repeat 25 [--small] [--heavy]
 """
 
 from __future__ import annotations
