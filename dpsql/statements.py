@@ -58,8 +58,10 @@ def read_once(query: exp.Expression) -> None:
 
 def spread(sql: str, params: Mapping[str, object] | None) -> Mapping[str, object] | None:
     """``params`` with a value for each renamed use in ``sql`` (:func:`read_once`)."""
-    again = _renamed(sql)
-    if not again or not params:
+    if not params:
+        return params
+    again = [(alias, name) for alias, name in _renamed(sql) if name in params and alias not in params]
+    if not again:
         return params
     out = dict(params)
     for alias, name in again:
@@ -67,10 +69,17 @@ def spread(sql: str, params: Mapping[str, object] | None) -> Mapping[str, object
     return out
 
 
+#: A quoted string or identifier of DuckDB's SQL (a quote inside doubled): not a parameter,
+#: whatever it reads (an analyst's ``LIKE '%$salt2__again1%'`` is written into the text).
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+
+
 @functools.lru_cache(maxsize=256)
 def _renamed(sql: str) -> tuple[tuple[str, str], ...]:
-    """(renamed use, its parameter) for each of :func:`read_once`'s renamings in ``sql``."""
-    found = re.findall(r"\$([A-Za-z0-9_]+?)" + _AGAIN + r"([0-9]+)(?![A-Za-z0-9_])", sql)
+    """(renamed use, its parameter) for each of :func:`read_once`'s renamings in ``sql``,
+    read outside its quoted strings and identifiers."""
+    bare = _QUOTED.sub("''", sql)
+    found = re.findall(r"\$([A-Za-z0-9_]+?)" + _AGAIN + r"([0-9]+)(?![A-Za-z0-9_])", bare)
     return tuple(dict.fromkeys((f"{name}{_AGAIN}{n}", name) for name, n in found))
 
 

@@ -94,6 +94,15 @@ def test_a_parameter_read_twice_gets_a_name_per_use_in_an_unoptimized_text(tmp_p
         assert [tuple(r.values()) for r in got.to_pylist()] == expected
     assert len(_statements(engine)) == 0 and len(engine._plain.execute(  # type: ignore[union-attr]
         "SELECT name FROM duckdb_prepared_statements()").fetchall()) == 1
+    # A quoted string that reads like a renamed use is text, not a parameter.
+    quoted = ("SELECT g, sum(hash(x, CAST($salt AS UBIGINT)) % 1000) AS h, max(hash(g, CAST($salt AS UBIGINT))) AS c, "
+              "count(*) FILTER (WHERE CAST(x AS VARCHAR) LIKE '%$salt__again7%' OR 'it''s $nosuch__again1' = '') AS q "
+              'FROM "dpsql_data"."main"."t" AS "$k__again2" GROUP BY g ORDER BY g')
+    written = engine.prepare(sqlglot.parse_one(quoted, read="duckdb"))
+    assert "$salt__again1" in written and "$salt__again7" in written and "$nosuch__again1" in written
+    for salt in (3, 3):  # run directly, then prepared
+        got = engine.run(written, {"salt": salt})
+        assert [tuple(r.values()) for r in got.to_pylist()] == engine._con.execute(quoted, {"salt": salt}).fetchall()
     # A large file's statements run optimized (bound on every run anyway): left as written.
     large = DuckDBEngine(_database(tmp_path / "large.duckdb", engine_module.ONE_THREAD_ROWS + 1))
     assert large.prepare(sqlglot.parse_one(text, read="duckdb")).count("$salt") == 2
