@@ -72,9 +72,10 @@ class Prepared(str):
 
 class _Unoptimized(Prepared):
     """A :class:`Prepared` text that a small database runs with DuckDB's optimizer off
-    (:func:`runs_unoptimized`, :data:`SMALL_TABLE_OPTIMIZER`)."""
+    (:func:`runs_unoptimized`, :data:`SMALL_TABLE_OPTIMIZER`); ``renamed``: its parameters'
+    uses after the first, each under its own name (:func:`dpsql.statements.read_once`)."""
 
-    __slots__ = ()
+    renamed: tuple[tuple[str, str], ...] = ()
 
 
 def runs_unoptimized(query: exp.Expression) -> bool:
@@ -289,11 +290,12 @@ class DuckDBEngine:
         of writing it): the tree may be changed by the writing, so hand it a fresh one.
         :meth:`run` keeps it as a DuckDB prepared statement (see :class:`Prepared`); on a
         small file, unoptimized where :func:`runs_unoptimized` says so."""
-        plain = self._plain is not None and runs_unoptimized(query)
-        if plain:  # bound once, not on every run (:func:`dpsql.statements.read_once`)
-            read_once(query)
-        text = Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False)
-        return _Unoptimized(text) if plain else Prepared(text)
+        if self._plain is None or not runs_unoptimized(query):
+            return Prepared(Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False))
+        renamed = read_once(query)  # bound once, not on every run
+        text = _Unoptimized(Dialect.get_or_raise(self.dialect).generator().generate(query, copy=False))
+        text.renamed = renamed
+        return text
 
     def run(self, query: exp.Expression | str, params: Mapping[str, object] | None = None) -> pa.Table:
         """Run ``query`` and return its rows as Arrow.
@@ -307,7 +309,7 @@ class DuckDBEngine:
         sql = query if isinstance(query, str) else query.sql(dialect=self.dialect)
         con = self._plain if isinstance(query, _Unoptimized) and self._plain is not None else self._con
         if isinstance(query, _Unoptimized):
-            params = spread(sql, params)
+            params = spread(query.renamed, params)
         with self._lock:
             self._running = con
             statement = None

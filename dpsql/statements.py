@@ -35,9 +35,10 @@ LIST_LITERAL_ITEMS = 64
 _AGAIN = "__again"
 
 
-def read_once(query: exp.Expression) -> None:
+def read_once(query: exp.Expression) -> tuple[tuple[str, str], ...]:
     """Give each use of a parameter after its first its own name (``$salt2``, then
-    ``$salt2__again1`` ...), in place; :func:`spread` binds them all to the one value.
+    ``$salt2__again1`` ...), in place; returns (new name, parameter) for each, which
+    :func:`spread` binds to the parameter's value.
 
     DuckDB 2.0 binds an unoptimized prepared statement once, but a statement that reads one
     parameter in two places again on every ``EXECUTE``: the L0 cap's mask form reads its
@@ -46,41 +47,24 @@ def read_once(query: exp.Expression) -> None:
     parameters read twice and thrice, 1.6 ms with every use its own parameter, 1.3 ms with
     none. The values are the same, so is the answer."""
     seen: dict[str, int] = {}
+    renamed = []
     for node in list(query.find_all(exp.Placeholder)):
         name = node.name
-        if not name or _AGAIN in name:
+        if not name:
             continue
         uses = seen.get(name, 0)
         seen[name] = uses + 1
         if uses:
             node.set("this", f"{name}{_AGAIN}{uses}")
+            renamed.append((f"{name}{_AGAIN}{uses}", name))
+    return tuple(renamed)
 
 
-def spread(sql: str, params: Mapping[str, object] | None) -> Mapping[str, object] | None:
-    """``params`` with a value for each renamed use in ``sql`` (:func:`read_once`)."""
-    if not params:
+def spread(renamed: tuple[tuple[str, str], ...], params: Mapping[str, object] | None) -> Mapping[str, object] | None:
+    """``params`` with the value of each renamed use (:func:`read_once`'s pairs)."""
+    if not renamed or not params:
         return params
-    again = [(alias, name) for alias, name in _renamed(sql) if name in params and alias not in params]
-    if not again:
-        return params
-    out = dict(params)
-    for alias, name in again:
-        out[alias] = params[name]
-    return out
-
-
-#: A quoted string or identifier of DuckDB's SQL (a quote inside doubled): not a parameter,
-#: whatever it reads (an analyst's ``LIKE '%$salt2__again1%'`` is written into the text).
-_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
-
-
-@functools.lru_cache(maxsize=256)
-def _renamed(sql: str) -> tuple[tuple[str, str], ...]:
-    """(renamed use, its parameter) for each of :func:`read_once`'s renamings in ``sql``,
-    read outside its quoted strings and identifiers."""
-    bare = _QUOTED.sub("''", sql)
-    found = re.findall(r"\$([A-Za-z0-9_]+?)" + _AGAIN + r"([0-9]+)(?![A-Za-z0-9_])", bare)
-    return tuple(dict.fromkeys((f"{name}{_AGAIN}{n}", name) for name, n in found))
+    return {**params, **{alias: params[name] for alias, name in renamed if name in params}}
 
 
 def writable(value: object, lists: bool = True) -> bool:
