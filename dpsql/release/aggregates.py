@@ -368,14 +368,29 @@ def _key_type(key: GroupKey) -> pa.DataType:
     do not fit one Arrow type, e.g. 2**64 - 1 from a CASE), else its type family's."""
     if not key.public_values:
         return _ARROW_TYPES.get(key.family, pa.string())
+    values = key.public_values
+    with _GRIDS_LOCK:
+        held = _TYPES.get(id(values))
+    if held is not None and held[0] is values:
+        return held[1]
     try:
-        return pa.array(list(key.public_values)).type
+        found = pa.array(list(values)).type
     except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
         raise QueryRejected(
             f"the GROUP BY key {key.expression.sql(dialect='duckdb')[:120]} has values that do not fit one "
             "64-bit column type (such as 18446744073709551615 next to negative numbers); group by an "
             "expression with smaller values."
         ) from None
+    with _GRIDS_LOCK:
+        if len(_TYPES) >= _GRIDS_KEPT:
+            _TYPES.pop(next(iter(_TYPES)))
+        _TYPES[id(values)] = (values, found)  # holds the values: the id stays theirs
+    return found
+
+
+#: Public keys' Arrow types, by the identity of their public-values tuples, as :data:`_GRIDS`
+#: (a plan's come from the policy): typing 100,000 values took 3.3 ms, twice a query.
+_TYPES: dict[int, tuple[tuple[object, ...], pa.DataType]] = {}
 
 
 def noisy_schema(plan: QueryPlan) -> pa.Schema:
