@@ -60,6 +60,7 @@ from dpsql.auth import BackgroundHasher, TokenVerifier
 from dpsql.errors import Error
 from dpsql.flightfront import DpsqlFlightServer, Request
 from dpsql.service import Service
+from dpsql.timing import settle, unsettle
 from dpsql.version import __version__
 from dpsql.wire import ACTIONS
 
@@ -128,6 +129,7 @@ def serve(
     service = Service.open(options.database, options.policy, options.ledger, reports=options.reports,
                            workers=options.workers, analysts=tuple(verifier.analysts))
     collector = _collector(options, service) if reporters is not None else None
+    settle()  # what the process holds once ready is out of the garbage collector's scans
     try:
         location = (flight.Location.for_grpc_tls if tls else flight.Location.for_grpc_tcp)(options.host, options.port)
         try:
@@ -164,6 +166,7 @@ def serve(
         finally:
             restore()
     finally:
+        unsettle()
         if collector is not None:
             collector.close()
         service.close()

@@ -61,7 +61,7 @@ from dpsql.plan import QueryPlan
 from dpsql.report import charge_of
 from dpsql.repeats import Released
 from dpsql.result import Result
-from dpsql.timing import Deadline, Overrun, TimingModel
+from dpsql.timing import Deadline, Overrun, TimingModel, settle
 
 __all__ = ["FrontConnection", "WorkerDied", "WorkerPool", "WorkerSpec"]
 
@@ -357,6 +357,7 @@ def _serve(spec: WorkerSpec, pipe: Pipe) -> None:
     # machine) made at an analyst's first query would be made inside that query's deadline.
     for analyst in spec.analysts[:PREOPENED]:
         service.connection(analyst)
+    settle()
     try:
         pipe.send(("ready", os.getpid()))
         while True:

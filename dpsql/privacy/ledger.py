@@ -65,7 +65,7 @@ from fractions import Fraction
 from types import TracebackType
 from typing import NamedTuple
 
-from dpsql.errors import Error
+from dpsql.errors import Error, InternalError
 from dpsql.privacy.accountants import (
     Accountant,
     BasicAccountant,
@@ -304,7 +304,7 @@ class Ledger:
 
         Events are append-only and ids grow in commit order (each insert is its own
         ``BEGIN IMMEDIATE`` transaction), so only rows past the last id seen are read."""
-        spent = self._seen.setdefault(analyst, _Spent())
+        spent = self._seen.get(analyst) or self._seen.setdefault(analyst, _Spent(keep=not self._additive))
         rows = self._conn.execute(
             "SELECT id, query, epsilon_units, delta_units, mechanisms "
             "FROM events WHERE analyst = ? AND id > ? ORDER BY id", (analyst, spent.last_id))
@@ -321,14 +321,14 @@ class Ledger:
         if self._additive:  # the running sums plus this one: exactly what re-summing gives
             after = (spent.units[0] + new[0], spent.units[1] + new[1])
         else:
-            after = self._compose([*spent.stored, adding], total)
+            after = self._compose([*self._kept(spent), adding], total)
         if after[0] > total[0] or after[1] > total[1]:
             raise _budget_exceeded(analyst, new, self._spent(spent, total), after, total, self.accountant.name)
         return self._status(analyst, after, total, spent, adding)
 
     def _spent(self, spent: _Spent, total: tuple[int, int]) -> tuple[int, int]:
         """What the stored charges compose to (running sums under basic composition)."""
-        return spent.units if self._additive else self._compose(spent.stored, total)
+        return spent.units if self._additive else self._compose(self._kept(spent), total)
 
     def _status(self, analyst: str, spent: tuple[int, int], total: tuple[int, int],
                 stored: _Spent, adding: _Stored | None = None) -> BudgetStatus:
@@ -338,7 +338,7 @@ class Ledger:
             epsilon_total=units_to_epsilon(total[0]), delta_total=units_to_delta(total[1]),
             epsilon_remaining=units_to_epsilon(max(0, total[0] - spent[0])),
             delta_remaining=units_to_delta(max(0, total[1] - spent[1])),
-            queries=len(stored.stored) + (adding is not None), accountant=self.accountant.name,
+            queries=stored.count + (adding is not None), accountant=self.accountant.name,
             mu=stored.mu(adding.mu_part if adding is not None else (0.0, 0)))
 
     def _insert(self, analyst: str, charge: Charge, units: tuple[int, int]) -> None:
@@ -347,6 +347,12 @@ class Ledger:
             " VALUES (?, ?, ?, ?, ?, ?)",
             (analyst, time.time(), charge.query, units[0], units[1],
              _events_json(charge.events)))
+
+    @staticmethod
+    def _kept(spent: _Spent) -> list[_Stored]:
+        if spent.stored is None:
+            raise InternalError("the ledger composes charges it did not keep")
+        return spent.stored
 
     def _compose(self, stored: Sequence[_Stored], total: tuple[int, int]) -> tuple[int, int]:
         """Compose charges into (epsilon, delta) units, at the budget's delta.
@@ -383,23 +389,23 @@ class _Spent:
     added, so a charge does not re-sum them all (1.5 ms at 10,000 charges): the exact
     integer sums of their units (what basic composition returns), and their Gaussian-DP
     parts, summed exactly (a :class:`~fractions.Fraction` of the float squares: rounded
-    once at the end, it is ``math.fsum`` of them, which is correctly rounded too)."""
+    once at the end, it is ``math.fsum`` of them, which is correctly rounded too).
 
-    __slots__ = ("mu_count", "mu_squares", "mu_unknown", "stored", "units")
+    ``keep``: keep the charges, for an accountant that composes them; under basic composition
+    the totals are all (each charge kept slowed every full garbage collection: issue 16)."""
 
-    def __init__(self) -> None:
-        self.stored: list[_Stored] = []
-        self.units = (0, 0)
-        self.mu_squares = Fraction(0)
-        self.mu_count = 0
-        self.mu_unknown = False
+    __slots__ = ("count", "last_id", "mu_count", "mu_squares", "mu_unknown", "stored", "units")
 
-    @property
-    def last_id(self) -> int:
-        return self.stored[-1].id if self.stored else 0
+    def __init__(self, keep: bool = True) -> None:
+        self.stored: list[_Stored] | None = [] if keep else None
+        self.count = self.last_id = self.mu_count = 0
+        self.units, self.mu_squares, self.mu_unknown = (0, 0), Fraction(0), False
 
     def add(self, stored: _Stored) -> None:
-        self.stored.append(stored)
+        if self.stored is not None:
+            self.stored.append(stored)
+        self.count += 1
+        self.last_id = stored.id
         self.units = (self.units[0] + stored.units[0], self.units[1] + stored.units[1])
         if stored.mu_part is None:
             self.mu_unknown = True
