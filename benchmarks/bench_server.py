@@ -40,6 +40,7 @@ the ratio between them is the figure to trust on a shared machine. Each phase al
 from __future__ import annotations
 
 import argparse
+import gc
 import multiprocessing as mp
 import os
 import platform
@@ -251,6 +252,12 @@ def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any
                     client.execute(new_query(tag + "warm", j) if j < 5 else QUERY, epsilon=EPSILON)
                 except dpsql.QueryFailed:  # an overrun on a loaded machine: counted in the phases
                     pass
+        # The client process's own full garbage collections (its imports: pyarrow, duckdb,
+        # sqlglot, ~150,000 tracked objects) stopped it 70-110 ms each, once or twice a run,
+        # and showed in these latencies as if the server's: set apart, as a server's are
+        # (dpsql.timing.settle).
+        gc.collect()
+        gc.freeze()
         out.put(("ready", os.getpid()))
         while (command := commands.get()) is not None:
             server, fresh, seconds = command

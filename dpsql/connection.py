@@ -390,7 +390,8 @@ class Connection(DBAPIConnection):
                 return self._execute_with_bias(plan, sql, late)
             return self._answer(plan, sql, late)
         finally:
-            self._reader.forget()  # the plan came from elsewhere: never asked again here
+            self._reader.forget(plan)  # the plan came from elsewhere: never asked again here
+            self._keys.drop(plan)
 
     def is_repeat(self, plan: QueryPlan, sql: str) -> bool:
         """Whether ``execute`` would serve ``plan`` from the repeat store, free (reads no data)."""

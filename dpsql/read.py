@@ -76,10 +76,15 @@ class Reader:
                         type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
         raise QueryFailed()
 
-    def forget(self) -> None:
+    def forget(self, plan: QueryPlan | None = None) -> None:
         """Drop every plan's prepared query (the plans they belong to were dropped); the
-        queries kept by bounding key stay (they belong to no plan)."""
+        queries kept by bounding key stay (they belong to no plan). ``plan``: also its key,
+        remembered by its fields (a server's worker, whose plans arrive unpickled, never the
+        same objects twice: kept, they were only dead trees that every full garbage
+        collection scanned)."""
         self._prepared.clear()
+        if plan is not None:
+            self._keys.drop(plan)
 
     def _bounded(self, plan: QueryPlan) -> tuple[exp.Expression | str, Bounded, dict[str, str]]:
         """The bounded query as the engine runs it, its salts left as parameters, and the

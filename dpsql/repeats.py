@@ -251,6 +251,12 @@ class PlanKeys:
         self._keys[id(plan)] = (plan, analyst, policy, data, key)
         return key
 
+    def drop(self, plan: QueryPlan) -> None:
+        """Forget ``plan``'s key (a plan that will not be asked again)."""
+        known = self._keys.get(id(plan))
+        if known is not None and known[0] is plan:
+            del self._keys[id(plan)]
+
 
 def policy_fingerprint(policy: Policy) -> str:
     """A digest of the policy's table rules (everything that shapes an answer)."""

@@ -6,12 +6,18 @@ while serving, and do not grow with the ledger (issue 16)."""
 from __future__ import annotations
 
 import gc
+import pickle
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 
+import dpsql
+from dpsql.demo import make_demo_database
 from dpsql.privacy import Charge, Ledger
 from dpsql.privacy.events import LaplaceEvent
 from dpsql.timing import settle, unsettle
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class _Node:
@@ -68,3 +74,29 @@ def test_an_accountant_that_composes_the_charges_still_reads_each(tmp_path) -> N
     assert a.queries == b.queries == 20
     assert a.epsilon_spent == b.epsilon_spent
     assert 0 < a.epsilon_spent < 2.0  # tighter than basic composition's 20 x 0.1
+
+
+def test_a_worker_keeps_nothing_of_the_plans_it_answered(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A worker's plans arrive unpickled, never the same objects twice: what its reader
+    remembered by plan (the bounding keys' memo) only held dead plans' trees, which every
+    full collection scanned (``Connection.answer_plan``: "nothing of the plan kept")."""
+    db = tmp_path / "tiny.duckdb"
+    make_demo_database(db, rows=1000, units=100)
+    policy = str(ROOT / "policies" / "demo.toml")
+    front = dpsql.connect(str(db), policy=policy, analyst="ann", ledger=str(tmp_path / "l.sqlite"))
+    worker = dpsql.connect(str(db), policy=policy, analyst="ann", ledger=str(tmp_path / "l.sqlite"))
+    try:
+        sqls = [f"SELECT region, COUNT(*) AS n_{i}, AVG(income) AS a_{i} FROM visits GROUP BY region" for i in range(70)]
+        sent = [pickle.dumps(front.plan(sql, epsilon=0.01)) for sql in sqls]
+        for blob, sql in zip(sent[:5], sqls):
+            worker.answer_plan(pickle.loads(blob), sql)
+        gc.collect()
+        before = len(gc.get_objects())
+        for blob, sql in zip(sent[5:], sqls[5:]):
+            worker.answer_plan(pickle.loads(blob), sql)
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+    finally:
+        front.close()
+        worker.close()
+    assert grown < 500, grown  # 65 plans' trees held: several thousand objects

@@ -194,6 +194,12 @@ class KeyMemo:
             self._held[ident] = (fields, found)
         return found
 
+    def drop(self, plan: QueryPlan) -> None:
+        """Forget ``plan``'s key."""
+        ident = tuple(id(getattr(plan, name)) for name in _READ)
+        with self._lock:
+            self._held.pop(ident, None)
+
 
 def parameterized(plan: QueryPlan) -> QueryPlan:
     """``plan`` with each carried literal the key walk numbers (in the same order) written
