@@ -5,7 +5,9 @@ with a file ledger, and measures:
 
 - **throughput**: 8 client processes (``dpsql.Client``), each with its own analyst and
   token, send small queries (``SELECT COUNT(*) AS n_<i> FROM visits``) back to back for
-  ``--seconds`` (default 10); queries per second over all of them, and the p50/p99 latency;
+  ``--seconds`` (default 10); queries per second over all of them, and the p50/p99 latency
+  (each client settles its heap after warming up, as the server's processes do: its own
+  full garbage collections would otherwise count as the server's latency);
 - **overhead**: one client alone, ``--repeat`` queries: median latency over the network,
   against the embedded API (``dpsql.connect`` on the same file, with a file ledger too) in
   this process, alternating one and the other so both see the same machine load. The difference is what the network path costs; the embedded median is the

@@ -80,7 +80,9 @@ same time and charged the same, so it tells the analyst one bit: "the run, plus 
 for a worker, did not fit". That bit depends on the machine's load and on the other
 queries' real run times, which can depend on their private data (bounded per-row work
 bounds how much), and on this query's own run. The slack and margin are chosen so that
-honest queries do not overrun on the machine the server is sized for; each overrun is
+honest queries do not overrun on the machine the server is sized for (and the server's
+processes settle their heaps once ready, :func:`settle`, so that Python's full garbage
+collections, 50-120 ms each, no longer stop a worker inside a deadline); each overrun is
 logged, and at stop the server logs how much of their deadlines answers used and their
 workers' run time against the model (:class:`DeadlineUsage`), the owner's evidence for
 ``[server] deadline_slack`` and ``deadline_margin_ms``. Measured (``bench_server.py``, 8
