@@ -100,3 +100,30 @@ def test_a_worker_keeps_nothing_of_the_plans_it_answered(tmp_path) -> None:  # t
         front.close()
         worker.close()
     assert grown < 500, grown  # 65 plans' trees held: several thousand objects
+
+
+def test_a_connection_remembers_a_bounded_number_of_plans(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A server's front keeps one connection per analyst, and every full collection scans
+    the plans they remember: planning 260 more new questions adds no objects once the
+    cache is full (at 256 plans remembered, ~13,000 more)."""
+    db = tmp_path / "tiny.duckdb"
+    make_demo_database(db, rows=1000, units=100)
+    conn = dpsql.connect(str(db), policy=str(ROOT / "policies" / "demo.toml"), analyst="ann", ledger=None)
+    try:
+        def plan(i: int) -> None:
+            conn.plan(f"SELECT region, COUNT(*) AS n_{i}, AVG(income) AS a_{i} FROM visits GROUP BY region",
+                      epsilon=0.01)
+
+        for i in range(40):
+            plan(i)
+        gc.collect()
+        before = len(gc.get_objects())
+        for i in range(40, 300):
+            plan(i)
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+        again = conn.plan("SELECT region, COUNT(*) AS n_0, AVG(income) AS a_0 FROM visits GROUP BY region", epsilon=0.01)
+    finally:
+        conn.close()
+    assert grown < 1000, grown
+    assert again.output_names == ("region", "n_0", "a_0")  # a forgotten plan is made again
