@@ -42,7 +42,6 @@ the ratio between them is the figure to trust on a shared machine. Each phase al
 from __future__ import annotations
 
 import argparse
-import gc
 import multiprocessing as mp
 import os
 import platform
@@ -61,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 import dpsql  # noqa: E402
 from dpsql.auth import create_token  # noqa: E402
 from dpsql.demo import make_demo_database  # noqa: E402
+from dpsql.timing import settle  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 QUERY = "SELECT COUNT(*) AS n FROM visits"
@@ -256,10 +256,8 @@ def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any
                     pass
         # The client process's own full garbage collections (its imports: pyarrow, duckdb,
         # sqlglot, ~150,000 tracked objects) stopped it 70-110 ms each, once or twice a run,
-        # and showed in these latencies as if the server's: set apart, as a server's are
-        # (dpsql.timing.settle).
-        gc.collect()
-        gc.freeze()
+        # and showed in these latencies as if the server's: set apart, as a server's are.
+        settle()
         out.put(("ready", os.getpid()))
         while (command := commands.get()) is not None:
             server, fresh, seconds = command

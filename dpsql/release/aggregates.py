@@ -34,7 +34,8 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +51,8 @@ from dpsql.release.grouping import group_index
 from dpsql.release.values import release_values
 
 __all__ = ["complete_groups", "count_half_width", "half_width", "noisy_schema", "noisy_table", "select_partitions"]
+
+T = TypeVar("T")
 
 Z95 = 1.959963984540054
 _SATURATE = 2**62
@@ -72,30 +75,46 @@ def complete_groups(plan: QueryPlan, exact: pa.Table) -> pa.Table:
     return pa.table(columns)
 
 
-#: Grids remembered, by the identity of their keys' public-values tuples (a plan's come from
-#: the policy, shared by every plan of it); equal-looking values of other types (1, 1.0,
-#: True) never share a grid.
-_GRIDS: dict[tuple[tuple[str, int], ...], tuple[tuple[tuple[object, ...], ...], pa.Table]] = {}
-_GRIDS_KEPT = 64
-_GRIDS_LOCK = threading.Lock()  # reads on several threads (deadlines, a server) share it
+class _ByValues:
+    """What is made from policy values tuples (a plan's come from the policy, shared by every
+    plan of it), remembered by their identity and a label, the oldest of more than ``kept``
+    dropped; the tuples are held, so their ids stay theirs. Equal-looking values of other
+    types (1, 1.0, True) are other tuples: never served each other's. A ``make`` that
+    raises is not remembered."""
+
+    def __init__(self, kept: int = 64) -> None:
+        self._kept = kept
+        self._held: dict[Hashable, tuple[tuple[object, ...], object]] = {}
+        self._lock = threading.Lock()  # reads on several threads (deadlines, a server) share it
+
+    def get(self, label: Hashable, values: tuple[object, ...], make: Callable[[], T]) -> T:
+        ident = (label, tuple(map(id, values)))
+        with self._lock:
+            held = self._held.get(ident)
+        if held is not None and all(a is b for a, b in zip(held[0], values)):
+            return held[1]  # type: ignore[return-value]
+        made = make()
+        with self._lock:
+            if len(self._held) >= self._kept:
+                self._held.pop(next(iter(self._held)))
+            self._held[ident] = (values, made)
+        return made
+
+
+#: The public groups' grids, by their keys' names and public-values tuples.
+_GRIDS = _ByValues()
 
 
 def _grid(keys: tuple[tuple[str, tuple[object, ...]], ...]) -> pa.Table:
     """The public groups' grid, in itertools.product's order (the last key's values vary
     fastest), one chunk per column."""
-    ident = tuple((name, id(values)) for name, values in keys)
-    with _GRIDS_LOCK:
-        held = _GRIDS.get(ident)
-    if held is not None and all(a is b for a, (_, b) in zip(held[0], keys)):
-        return held[1]
-    domains = [pa.array(values) for _, values in keys]
-    picks = np.indices([len(d) for d in domains]).reshape(len(domains), -1)
-    grid = pa.table({name: d.take(pick) for (name, _), d, pick in zip(keys, domains, picks)})
-    with _GRIDS_LOCK:
-        if len(_GRIDS) >= _GRIDS_KEPT:
-            _GRIDS.pop(next(iter(_GRIDS)))
-        _GRIDS[ident] = (tuple(values for _, values in keys), grid)  # holds the values: ids stay theirs
-    return grid
+
+    def make() -> pa.Table:
+        domains = [pa.array(values) for _, values in keys]
+        picks = np.indices([len(d) for d in domains]).reshape(len(domains), -1)
+        return pa.table({name: d.take(pick) for (name, _), d, pick in zip(keys, domains, picks)})
+
+    return _GRIDS.get(tuple(name for name, _ in keys), tuple(values for _, values in keys), make)
 
 
 def _released(m: Measurement, exact: pa.ChunkedArray | pa.Array, noise: np.ndarray) -> np.ndarray:
@@ -369,28 +388,23 @@ def _key_type(key: GroupKey) -> pa.DataType:
     if not key.public_values:
         return _ARROW_TYPES.get(key.family, pa.string())
     values = key.public_values
-    with _GRIDS_LOCK:
-        held = _TYPES.get(id(values))
-    if held is not None and held[0] is values:
-        return held[1]
+    return _TYPES.get(None, (values,), lambda: _values_type(key, values))
+
+
+def _values_type(key: GroupKey, values: tuple[object, ...]) -> pa.DataType:
     try:
-        found = pa.array(list(values)).type
+        return pa.array(list(values)).type
     except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
         raise QueryRejected(
             f"the GROUP BY key {key.expression.sql(dialect='duckdb')[:120]} has values that do not fit one "
             "64-bit column type (such as 18446744073709551615 next to negative numbers); group by an "
             "expression with smaller values."
         ) from None
-    with _GRIDS_LOCK:
-        if len(_TYPES) >= _GRIDS_KEPT:
-            _TYPES.pop(next(iter(_TYPES)))
-        _TYPES[id(values)] = (values, found)  # holds the values: the id stays theirs
-    return found
 
 
-#: Public keys' Arrow types, by the identity of their public-values tuples, as :data:`_GRIDS`
-#: (a plan's come from the policy): typing 100,000 values took 3.3 ms, twice a query.
-_TYPES: dict[int, tuple[tuple[object, ...], pa.DataType]] = {}
+#: Public keys' Arrow types, by their public-values tuples: typing 100,000 values took
+#: 3.3 ms, twice a query.
+_TYPES = _ByValues()
 
 
 def noisy_schema(plan: QueryPlan) -> pa.Schema:

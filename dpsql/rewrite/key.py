@@ -181,7 +181,7 @@ class KeyMemo:
         self._lock = threading.Lock()  # reads on several threads (deadlines) share it
 
     def keyed(self, plan: QueryPlan) -> tuple[Hashable, dict[str, str]] | None:
-        fields = tuple(getattr(plan, name) for name in _READ)
+        fields = _read_fields(plan)
         ident = tuple(map(id, fields))
         with self._lock:
             held = self._held.get(ident)
@@ -196,9 +196,12 @@ class KeyMemo:
 
     def drop(self, plan: QueryPlan) -> None:
         """Forget ``plan``'s key."""
-        ident = tuple(id(getattr(plan, name)) for name in _READ)
         with self._lock:
-            self._held.pop(ident, None)
+            self._held.pop(tuple(map(id, _read_fields(plan))), None)
+
+
+def _read_fields(plan: QueryPlan) -> tuple[object, ...]:
+    return tuple(getattr(plan, name) for name in _READ)
 
 
 def parameterized(plan: QueryPlan) -> QueryPlan:
