@@ -94,6 +94,10 @@ def local_session(master: str = "local[2]", *, app_name: str = "dpsql", **conf: 
         "spark.sql.shuffle.partitions": "4" if master.startswith("local") else "200",
         "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
         "spark.sql.warehouse.dir": tempfile.mkdtemp(prefix="dpsql-spark-warehouse-"),  # not the working dir
+        # A local driver names itself by the loopback address: otherwise the JVM looks its
+        # host name up, which can wait on a resolver that a machine without network has not.
+        **({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+           if master.startswith("local") else {}),
         **conf,
     }
     builder = SparkSession.builder.master(master).appName(app_name)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import dpsql
-from engine_support import TableData, make_engine
+from engine_support import TableData, make_engine, start_watched
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,8 @@ def spark_session() -> Iterator[Any]:
         find_java()
     except dpsql.Error as e:
         pytest.skip(f"no Java runtime for Spark: {e}")
-    session = local_session("local[2]", app_name="dpsql-tests", **{"spark.sql.shuffle.partitions": "2"})
+    session = start_watched(lambda: local_session("local[2]", app_name="dpsql-tests",
+                                                  **{"spark.sql.shuffle.partitions": "2"}))
     yield session
     session.stop()
 

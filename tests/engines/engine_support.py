@@ -3,10 +3,16 @@ another conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import duckdb
+import pytest
 
 import dpsql
 from dpsql.engine import DuckDBEngine
@@ -71,3 +77,70 @@ class _OwnedDuckDB(DuckDBEngine):
 
     def close(self) -> None:
         self._test_con.close()
+
+
+#: Seconds a local session may take to start before its JVM is killed and it is started again
+#: (it starts in 5-15 s on a 2-core machine). pyspark waits for its JVM without a limit: one
+#: CI run hung at its first Spark test until the run's own 15-minute limit.
+START_LIMIT = 120.0
+
+
+def start_watched(start: Callable[[], Any], limit: float = START_LIMIT, tries: int = 2,
+                  kills: Callable[[str], bool] = lambda cmd: "java" in cmd or "spark" in cmd) -> Any:
+    """``start()`` on a thread; when it has not returned after ``limit`` seconds, kill this
+    process's JVMs (descendants whose command line ``kills`` picks: pyspark then raises and
+    lets go of its lock) and try again, ``tries`` in all, then fail the tests that need Spark
+    with what happened."""
+    for attempt in range(1, tries + 1):
+        box: list[tuple[bool, Any]] = []  # each try its own: a killed try may answer late
+        thread = threading.Thread(target=_into, args=(box, start), name="spark-start", daemon=True)
+        thread.start()
+        thread.join(limit)
+        if not thread.is_alive():
+            ok, value = box[0]
+            if ok:
+                return value
+            raise value
+        killed = kill_descendants(os.getpid(), kills)
+        thread.join(30.0)
+        print(f"spark_session: start {attempt} of {tries} took over {limit:.0f} s; killed "
+              f"processes {killed}", file=sys.stderr)
+    pytest.fail(f"a local Spark session did not start in {tries} tries of {limit:.0f} s each "
+                "(the JVM hung before pyspark's gateway answered)")
+
+
+def _into(box: list[tuple[bool, Any]], start: Callable[[], Any]) -> None:
+    try:
+        box.append((True, start()))
+    except BaseException as e:  # noqa: BLE001 - raised again on the test's thread
+        box.append((False, e))
+
+
+def kill_descendants(root: int, kills: Callable[[str], bool]) -> list[int]:
+    """SIGKILL each process below ``root`` (read from /proc) whose command line ``kills``
+    picks; the pids killed."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    killed = []
+    for pid in found:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if kills(cmd):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
