@@ -28,6 +28,7 @@ average is printed with the figures.
 
     python benchmarks/bench_server.py                 # Markdown on stdout
     python benchmarks/bench_server.py --write         # ... also appended to benchmarks/RESULTS.md
+    python benchmarks/bench_server.py --shape eight --no-repeats   # eight aggregates by region instead of a COUNT
     python benchmarks/bench_server.py --clients 4 --seconds 5 --workers 1
     python benchmarks/bench_server.py --deadline-base-ms 5 --deadline-ms-per-million-rows 200  # pinned model
     python benchmarks/bench_server.py --compare /tmp/old-checkout   # two servers, phases interleaved
@@ -63,12 +64,18 @@ from dpsql.demo import make_demo_database  # noqa: E402
 from dpsql.timing import settle  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-QUERY = "SELECT COUNT(*) AS n FROM visits"
+#: ``--shape``: the query every client sends, ``{alias}`` a new name for a new query.
+SHAPES = {
+    "count": "SELECT COUNT(*) AS {alias} FROM visits",
+    "eight": "SELECT region, COUNT(*) AS {alias}, SUM(income), AVG(income), COUNT(income), MIN(income), "
+             "MAX(income), STDDEV(income), VARIANCE(income) FROM visits GROUP BY region",
+}
+QUERY = SHAPES["count"].format(alias="n")
 
 
-def new_query(tag: str, i: int) -> str:
+def new_query(tag: str, i: int, shape: str = "count") -> str:
     """A query the server has not answered before (a repeat would be a free cache hit)."""
-    return f"SELECT COUNT(*) AS n_{tag}_{i} FROM visits"
+    return SHAPES[shape].format(alias=f"n_{tag}_{i}")
 EPSILON = 0.001
 BIG_BUDGET = "default = { epsilon = 1000000.0, delta = 1e-5 }"
 
@@ -79,6 +86,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the clients send (default 10)")
     parser.add_argument("--repeat", type=int, default=300, help="sequential queries for the overhead (default 300)")
     parser.add_argument("--rows", type=int, default=1000, help="rows of the tiny table (default 1000)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="count",
+                        help="the clients' query in the throughput phases: a COUNT (default) or eight aggregates by region")
     parser.add_argument("--no-repeats", dest="repeats", action="store_false",
                         help="skip the second run, where every query is a free repeat")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of new queries then repeats")
@@ -131,7 +140,7 @@ def main() -> int:
                                                 home / "embedded-ledger.sqlite", args.repeat, fresh)
                 runs[kind] = {"network": network, "embedded": embedded}
             throughput = _throughput([loc for _, loc in servers], list(tokens.values()), args.seconds, kinds,
-                                     args.rounds, [proc.pid for proc, _ in servers])
+                                     args.rounds, [proc.pid for proc, _ in servers], args.shape)
             for kind, _ in kinds:
                 runs[kind]["throughput"] = throughput[0][kind]
                 if len(servers) > 1:
@@ -241,7 +250,8 @@ def _sequential(location: str, token: str, db: Path, policy: Path, ledger: Path,
     return network, embedded
 
 
-def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any, out: Any) -> None:
+def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any, out: Any,
+                   shape: str = "count") -> None:
     """Warm up, say so, then for each command (server, fresh, seconds): wait for the others
     at the barrier, query that server back to back for ``seconds``, report; ``None`` ends."""
     tag = f"w{os.getpid()}"
@@ -251,7 +261,8 @@ def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any
         for client in clients:
             for j in range(6):  # warm: the server verifies the token once, makes the Connection
                 try:
-                    client.execute(new_query(tag + "warm", j) if j < 5 else QUERY, epsilon=EPSILON)
+                    client.execute(new_query(tag + "warm", j, shape) if j < 5 else SHAPES[shape].format(alias="n"),
+                                   epsilon=EPSILON)
                 except dpsql.QueryFailed:  # an overrun on a loaded machine: counted in the phases
                     pass
         # The client process's own full garbage collections (its imports: pyarrow, duckdb,
@@ -268,7 +279,7 @@ def _client_worker(locations: list[str], token: str, commands: Any, barrier: Any
             stop_at = time.perf_counter() + seconds
             while time.perf_counter() < stop_at:
                 i += 1
-                sql = new_query(tag, i) if fresh else QUERY
+                sql = new_query(tag, i, shape) if fresh else SHAPES[shape].format(alias="n")
                 start = time.perf_counter()
                 try:
                     client.execute(sql, epsilon=EPSILON)
@@ -306,7 +317,7 @@ def _cpu_seconds(pid: int, clients: Collection[int] = ()) -> tuple[float, float,
 
 
 def _throughput(locations: list[str], tokens: list[str], seconds: float, kinds: list[tuple[str, bool]],
-                rounds: int, server_pids: list[int]) -> list[dict[str, dict[str, float]]]:
+                rounds: int, server_pids: list[int], shape: str = "count") -> list[dict[str, dict[str, float]]]:
     """Per server, per kind: throughput, latency quantiles, server CPU per query, errors
     and the load average at the start of each phase. Phases alternate: round by round,
     kind by kind, server by server."""
@@ -314,7 +325,7 @@ def _throughput(locations: list[str], tokens: list[str], seconds: float, kinds: 
     out = context.Queue()
     barrier = context.Barrier(len(tokens) + 1)
     commands = [context.Queue() for _ in tokens]
-    workers = [context.Process(target=_client_worker, args=(locations, t, c, barrier, out))
+    workers = [context.Process(target=_client_worker, args=(locations, t, c, barrier, out, shape))
                for t, c in zip(tokens, commands)]
     for w in workers:
         w.start()
@@ -386,7 +397,7 @@ def _report(args: argparse.Namespace, runs: dict[str, dict[str, object]],
         "",
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"load average (1/5/15 min) before {_load(load_before)}, after {_load(load_after)}. "
-        f"`SELECT COUNT(*) AS n_... FROM visits` on {args.rows:,} rows, epsilon={EPSILON:g}, file ledger. "
+        f"`{SHAPES[args.shape].format(alias='n_...')}` on {args.rows:,} rows, epsilon={EPSILON:g}, file ledger. "
         "*New queries* each have a new alias, so each is planned, run, noised, charged (ledger "
         "fsync) and stored for repeats (answers-file fsync); *repeats* ask one query again and "
         "again, answered free from the stored answer. Throughput phases interleaved: "

@@ -40,13 +40,11 @@ def calibrate(rows: tuple[int, int] = (2_000, 200_000), repeats: int = 3, *,
     Runs ``SELECT g, COUNT(*), AVG(x) FROM t GROUP BY g`` through the whole pipeline on two
     generated tables of ``rows`` rows and fits ``base + per_row * rows`` to the median of
     ``repeats`` runs of each (after one warm-up run), each rounded up to a 19% step. The
-    calibration query's work (:func:`~dpsql.timing.plan_work`: 1.95) is not divided out:
-    the model is conservative for simpler queries. Measured (``benchmarks/deadline_work.py``,
-    2,000 rows, load 3), a COUNT's fixed cost is 0.57 of the calibration query's, a SUM's
-    0.54, an AVG's 0.66, four aggregates' 0.67: dividing the base by the work (deadlines of
-    a COUNT ~40% shorter) was tried, and on this shared machine (loads 4-12) made honest
-    queries overrun in cascades (HISTORY.md, 2026-11-25); it would suit a server that has its
-    cores to itself. The tails are the slack's job. Takes one to two seconds on DuckDB.
+    base is the calibration query's (work 1.95, :data:`~dpsql.timing.CALIBRATION_WORK`); a
+    plan of more work gets a base scaled by its work, one of less the whole base
+    (:class:`~dpsql.timing.TimingModel`: shorter deadlines for lighter plans made honest
+    COUNTs overrun under load, in November and again in December, HISTORY.md). The tails
+    are the slack's job. Takes one to two seconds on DuckDB.
     """
     policy = parse_policy(_CALIBRATION_POLICY, "<timing calibration>")
     scratch = getattr(engine, "scratch", None) or functools.partial(_duckdb_scratch, small=getattr(engine, "one_thread", False))

@@ -145,8 +145,8 @@ from dpsql.errors import BudgetExceeded, QueryFailed, RateLimited
 from dpsql.watchdog import Watchdog
 
 __all__ = [
-    "Deadline", "DeadlineUsage", "Overrun", "ReleaseTiming", "Timing", "TimingModel", "available_cores", "coarse_rows", "contention",
-    "plan_work", "settle", "table_sizes", "unsettle",
+    "CALIBRATION_WORK", "Deadline", "DeadlineUsage", "Overrun", "ReleaseTiming", "Timing", "TimingModel", "available_cores",
+    "coarse_rows", "contention", "plan_work", "settle", "table_sizes", "unsettle",
 ]
 
 log = logging.getLogger("dpsql")
@@ -159,6 +159,10 @@ _BEFORE_DATA = (BudgetExceeded, RateLimited)
 #: The smallest size a table is assumed to have (coarsening).
 MIN_ROWS = 1024
 
+#: The work (:func:`plan_work`) of the calibration query (``SELECT g, COUNT(*), AVG(x) FROM
+#: t GROUP BY g``), on which :attr:`TimingModel.base` is measured.
+CALIBRATION_WORK = 1.95
+
 #: How many modelled run times a query takes its lane for (:class:`ReleaseTiming`): the
 #: workers' room to catch up when real runs are slower than modelled (other processes on
 #: the cores), so that a backlog drains instead of growing into overruns.
@@ -167,13 +171,18 @@ HEADROOM = 1.5
 
 @dataclass(frozen=True)
 class TimingModel:
-    """How long a query may take: ``slack * contention * (base + per_row * rows * work) + margin``.
+    """How long a query may take:
+    ``slack * contention * (base * max(1, work / CALIBRATION_WORK) + per_row * rows * work) + margin``.
 
     Attributes:
-        base: seconds a query costs whatever its size (its SQL, the engine's fixed cost,
-            noise, post-processing, the ledger's and the repeat store's commits), measured on
-            the calibration query (:func:`dpsql.calibration.calibrate`): conservative for
-            simpler queries (``benchmarks/deadline_work.py``: a COUNT's is 0.57 of it).
+        base: seconds the calibration query costs whatever its size (its SQL, the engine's
+            fixed cost, noise, post-processing, the ledger's and the repeat store's commits;
+            :func:`dpsql.calibration.calibrate`). A plan of more work than the calibration
+            query's (:data:`CALIBRATION_WORK`) gets that many times the base; one of less
+            keeps the whole base. Measured (``benchmarks/deadline_work.py --heavy``): eight
+            aggregates cost 3.4-4.5x the calibration query's fixed cost (work ratio 4.23),
+            and overran 819 times in 911 answers under 8 clients with the base alone (0 in
+            377 scaled); lighter plans given less overran under load (HISTORY.md, 2026-12).
         per_row: seconds per row of one bounded pass, on this machine.
         slack: how much slower than the model a run may be before it counts as an overrun.
         margin: seconds added to every deadline (scheduler jitter, a loaded machine).
@@ -193,7 +202,8 @@ class TimingModel:
     def seconds(self, rows: float, work: float) -> float:
         if self.fixed is not None:
             return self.fixed
-        return self.slack * self.contention * (self.base + self.per_row * rows * work) + self.margin
+        fixed_cost = self.base * max(1.0, work / CALIBRATION_WORK)
+        return self.slack * self.contention * (fixed_cost + self.per_row * rows * work) + self.margin
 
     def run_time(self, seconds: float) -> float:
         """The modelled run time of a query whose deadline is ``seconds``: the deadline
@@ -239,8 +249,9 @@ def plan_work(plan: object) -> tuple[list[str], float]:
     """The tables a plan reads and how many bounded passes' worth of work it is.
 
     A pass is the one ``GROUP BY unit, group`` scan every query pays; each further
-    aggregate, key, join, order statistic (which reads the values again, sorted) and
-    partition selection adds a share, from measurements of ``benchmarks/bench_timing.py``.
+    aggregate, key, join, order statistic (which reads the values again, sorted), partition
+    selection and a WHERE clause adds a share, from measurements of
+    ``benchmarks/bench_timing.py`` and ``benchmarks/deadline_work.py``.
     """
     sources = [getattr(s, "table") for s in getattr(plan, "sources", ()) or ()]
     tables = sorted({getattr(plan, "table"), *sources})
@@ -250,6 +261,7 @@ def plan_work(plan: object) -> tuple[list[str], float]:
     work += 1.0 * max(0, len(sources) - 1)
     work += 3.0 * len(getattr(plan, "value_releases", ()))
     work += 0.5 if getattr(plan, "selection", None) is not None else 0.0
+    work += 0.5 if getattr(plan, "where", None) is not None else 0.0
     return tables, work
 
 

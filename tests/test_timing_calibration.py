@@ -16,6 +16,7 @@ import dpsql.calibration as calibration
 import dpsql.engine as engine_module
 from dpsql.connection import Connection
 from dpsql.engine import DuckDBEngine
+from dpsql.timing import CALIBRATION_WORK, TimingModel, plan_work
 
 
 def _database(path: Path, rows: int) -> Path:
@@ -61,3 +62,45 @@ def test_small_calibration_tables_run_one_thread_and_unoptimized_plain_queries()
     finally:
         one.close()
         default.close()
+
+
+# ---- a heavier plan's fixed cost scales with its work (the base is the calibration query's)
+
+def _plans(queries: dict[str, str]) -> dict[str, Any]:
+    policy = calibration.parse_policy(calibration._CALIBRATION_POLICY, "<test>")
+    scratch = calibration._duckdb_scratch(2_000)
+    conn = Connection(scratch, policy, "t", calibration.Ledger(None))
+    try:
+        return {name: conn.plan(sql, **({"delta": 1e-7} if "MEDIAN" in sql else {})) for name, sql in queries.items()}
+    finally:
+        conn.close()
+        scratch.close()
+
+
+def test_the_calibration_query_has_the_work_its_base_is_divided_by() -> None:
+    plans = _plans({"calibration": "SELECT g, COUNT(*) AS n, AVG(x) AS m FROM t GROUP BY g"})
+    assert plan_work(plans["calibration"])[1] == CALIBRATION_WORK
+
+
+def test_a_deadline_scales_the_base_by_a_heavier_plans_work_and_keeps_it_for_a_lighter_one() -> None:
+    model = TimingModel(base=0.010, per_row=1e-7, slack=3.0, margin=0.02)
+    plans = _plans({
+        "calibration": "SELECT g, COUNT(*) AS n, AVG(x) AS m FROM t GROUP BY g",
+        "COUNT": "SELECT COUNT(*) AS n FROM t",
+        "WHERE": "SELECT COUNT(*) AS n FROM t WHERE x > 100",
+        "eight": "SELECT g, COUNT(*), SUM(x), AVG(x), COUNT(x), MIN(x), MAX(x), STDDEV(x), VARIANCE(x) FROM t GROUP BY g",
+        "MEDIAN": "SELECT g, MEDIAN(x) AS m FROM t GROUP BY g",
+    })
+    work = {name: plan_work(plan)[1] for name, plan in plans.items()}
+    rows = 2_048
+    # The calibration query gets the base as measured, and so does a lighter plan.
+    assert model.seconds(rows, work["calibration"]) == pytest.approx(3 * (0.010 + 1e-7 * rows * 1.95) + 0.02)
+    assert model.seconds(rows, work["COUNT"]) == pytest.approx(3 * (0.010 + 1e-7 * rows * 1.15) + 0.02)
+    assert work["WHERE"] == work["COUNT"] + 0.5  # a WHERE clause costs a share
+    # Heavier plans get the base times their work over the calibration query's, which their
+    # measured cost needs (benchmarks/deadline_work.py --heavy: eight aggregates 3.4-4.5x
+    # the calibration query's, MEDIAN 1.5-2.3x).
+    assert model.seconds(rows, work["eight"]) == pytest.approx(3 * (0.010 * work["eight"] / 1.95 + 1e-7 * rows * work["eight"]) + 0.02)
+    order = sorted(work, key=lambda name: model.seconds(rows, work[name]))
+    assert order == ["COUNT", "WHERE", "calibration", "MEDIAN", "eight"]
+    assert model.seconds(rows, work["eight"]) - 0.02 > 3.0 * (model.seconds(rows, work["calibration"]) - 0.02)

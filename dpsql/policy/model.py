@@ -36,7 +36,9 @@ class ServerLimits:
         deadline_ms: A fixed deadline for every query instead of the measured model.
         deadline_base_ms, deadline_ms_per_million_rows: the speed model itself (both or
             neither), instead of measuring it when the server starts: deadlines then do not
-            change from one start to the next.
+            change from one start to the next. The base is the fixed cost of the calibration
+            query (:func:`dpsql.calibration.calibrate`); a plan of more work gets it scaled
+            by its work (:class:`~dpsql.timing.TimingModel`).
     """
 
     queries_per_minute: int = 600
