@@ -60,6 +60,7 @@ from dpsql.local.store import ReportStore, open_report_store
 from dpsql.noise import RandomSource
 from dpsql.plan import QueryPlan
 from dpsql.plancache import PlanCache
+from dpsql.remembered import Bound, PlanMemo
 from dpsql.policy import Policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema
@@ -77,12 +78,9 @@ __all__ = ["Connection", "Explanation"]
 log = logging.getLogger("dpsql")
 T = TypeVar("T")
 
-#: Plans remembered per connection (and their repeat keys). A server's front holds one
-#: connection per analyst, and every full garbage collection scans every remembered plan
-#: (~60 objects each), stopping the process that releases answers: at 256, 8 analysts'
-#: plans took a full collection 55.6 ms and 64 analysts' 569 ms; at 32, 3.2 and 143 ms
-#: (issue 16). A plan not remembered is made again from its template (~0.3 ms).
-_PLAN_CACHE = 32
+#: Plans remembered per connection (and their repeat keys), and over all the connections of a
+#: process (dpsql.remembered); one not remembered is made again from its template (~0.3 ms).
+_PLAN_CACHE, _PLANS = 32, Bound(256)
 
 #: Keys from a joined public table with more distinct values than this are treated as private.
 MAX_PUBLIC_KEYS = 10_000
@@ -138,7 +136,7 @@ class Connection(DBAPIConnection):
         self._anchor_cache: str | None = None
         self._keys = PlanKeys(_PLAN_CACHE)
         self._udfs: dict[str, UDF] = {}
-        self._plans: dict[tuple[str, float | None, float | None, str | None, bool], QueryPlan] = {}
+        self._plans: PlanMemo[QueryPlan] = PlanMemo(_PLAN_CACHE, _PLANS, self._dropped)
         self._templates = PlanCache()
         self._reader = Reader(engine, noise_source, self._udfs)
         self._answers: RepeatCache | None = None
@@ -193,11 +191,12 @@ class Connection(DBAPIConnection):
             sql, normalized, None if key is None else key[1:], self._checked,
             lambda n: self._analyze(sql, epsilon=epsilon, delta=delta, dialect=dialect, normalized=n, bias=bias))
         if key is not None:
-            if len(self._plans) >= _PLAN_CACHE:
-                self._plans.pop(next(iter(self._plans)))
-                self._reader.forget()
-            self._plans[key] = plan
+            self._plans.put(key, plan)
         return plan
+
+    def _dropped(self, plan: QueryPlan) -> None:  # nor are its repeat key and prepared query
+        self._keys.drop(plan)
+        self._reader.forget(plan)
 
     def _normalize(self, sql: str, dialect: str | None) -> Normalized | None:
         """The analyst's SQL, parsed and normalized (:mod:`dpsql.normalize`); ``None`` when
@@ -478,6 +477,8 @@ class Connection(DBAPIConnection):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._templates.clear()  # their share of the process's bound (dpsql.remembered)
+            self._plans.clear()
             self._post.close()
             if self._answers is not None:
                 self._answers.close()

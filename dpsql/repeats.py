@@ -240,22 +240,25 @@ class PlanKeys:
     def __init__(self, size: int = 256) -> None:
         self._size = size
         self._keys: dict[int, tuple[QueryPlan, str, str, str, str]] = {}
+        self._lock = threading.Lock()  # a plan can be dropped on another analyst's thread
 
     def key(self, plan: QueryPlan, *, analyst: str, policy: str, data: str) -> str:
         known = self._keys.get(id(plan))
         if known is not None and known[0] is plan and known[1:4] == (analyst, policy, data):
             return known[4]
         key = plan_key(plan, analyst=analyst, policy=policy, data=data)
-        if len(self._keys) >= self._size:
-            del self._keys[next(iter(self._keys))]  # the oldest
-        self._keys[id(plan)] = (plan, analyst, policy, data, key)
+        with self._lock:
+            if len(self._keys) >= self._size:
+                del self._keys[next(iter(self._keys))]  # the oldest
+            self._keys[id(plan)] = (plan, analyst, policy, data, key)
         return key
 
     def drop(self, plan: QueryPlan) -> None:
         """Forget ``plan``'s key (a plan that will not be asked again)."""
-        known = self._keys.get(id(plan))
-        if known is not None and known[0] is plan:
-            del self._keys[id(plan)]
+        with self._lock:
+            known = self._keys.get(id(plan))
+            if known is not None and known[0] is plan:
+                del self._keys[id(plan)]
 
 
 def policy_fingerprint(policy: Policy) -> str:
