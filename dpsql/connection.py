@@ -60,7 +60,7 @@ from dpsql.local.store import ReportStore, open_report_store
 from dpsql.noise import RandomSource
 from dpsql.plan import QueryPlan
 from dpsql.plancache import PlanCache
-from dpsql.remembered import Bound, PlanMemo
+from dpsql.remembered import Bound, Memo
 from dpsql.policy import Policy
 from dpsql.postprocess import Postprocessor
 from dpsql.release import noisy_schema
@@ -136,7 +136,7 @@ class Connection(DBAPIConnection):
         self._anchor_cache: str | None = None
         self._keys = PlanKeys(_PLAN_CACHE)
         self._udfs: dict[str, UDF] = {}
-        self._plans: PlanMemo[QueryPlan] = PlanMemo(_PLAN_CACHE, _PLANS, self._dropped)
+        self._plans: Memo[QueryPlan] = Memo(_PLAN_CACHE, _PLANS, self._dropped)
         self._templates = PlanCache()
         self._reader = Reader(engine, noise_source, self._udfs)
         self._answers: RepeatCache | None = None

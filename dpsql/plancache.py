@@ -37,7 +37,7 @@ import sqlglot.expressions as exp
 from dpsql.analyze import normalized_text
 from dpsql.normalize import Normalized
 from dpsql.plan import QueryPlan
-from dpsql.remembered import Bound
+from dpsql.remembered import Bound, Memo
 
 __all__ = ["Found", "PlanCache"]
 
@@ -145,6 +145,8 @@ def _template(select: exp.Select) -> _Template:
     refs: list[tuple[int, exp.Identifier]] = []
     others: set[str] = set()
 
+    plain = True  # every value in the tree is one of _PLAIN
+
     def key(node: object) -> Hashable:
         if isinstance(node, exp.Literal):
             signature = _signature(node)
@@ -164,12 +166,12 @@ def _template(select: exp.Select) -> _Template:
         if isinstance(node, list):
             return tuple(key(v) for v in node)
         if not isinstance(node, _PLAIN):
-            plain[0] = False
+            nonlocal plain
+            plain = False
         return (_kind(type(node)), node)
 
-    plain = [True]
     tree: Hashable = key(select)
-    if plain[0]:
+    if plain:
         tree = repr(tree)  # one string (see _kind): the same key, as its values are plain
     texts = [str(lit.this) for lit in literals]
     folded = [str(a.this).casefold() for a in aliases]
@@ -200,25 +202,16 @@ class PlanCache:
     """Plans by template (see the module docstring), for one connection's policy, schema
     and registered functions (clear it when those change)."""
 
-    def __init__(self, size: int = SIZE, shared: Bound | None = None) -> None:
-        self._size = size
-        self._entries: dict[Hashable, list[_Entry]] = {}
+    def __init__(self, size: int = SIZE) -> None:
+        self._entries: Memo[list[_Entry]] = Memo(size, _SHARED)
         self.hits = 0  #: plans rebound rather than analyzed
         self._lock = threading.Lock()  # learning on several threads (a server's front)
-        self._shared = _SHARED if shared is None else shared
-        self._id = self._shared.join(self)
 
     def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-        self._shared.forget(self._id)
+        self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def _drop(self, key: Hashable) -> None:
-        with self._lock:
-            self._entries.pop(key, None)
 
     def plan(self, sql: str, normalized: Normalized | None, settings: Settings | None,
              checked: Callable[[QueryPlan], QueryPlan], analyze: Callable[[Normalized | None], QueryPlan]) -> QueryPlan:
@@ -242,7 +235,7 @@ class PlanCache:
         found = Found((template.key, normalized.epsilon, normalized.delta, tuple(normalized.analyst_bounds), settings),
                       template.values)
         values = found.values
-        for entry in self._entries.get(found.key, ()):
+        for entry in self._entries.get(found.key) or ():
             if all(values[i] == text for i, text in entry.fixed):
                 self.hits += 1
                 return _rebound(entry, sql, normalized, values), found
@@ -264,16 +257,8 @@ class PlanCache:
         for holes in rounds:
             entry = _probe(template, normalized, plan, holes, analyze)
             if entry is not None:
-                with self._lock:
-                    new = found.key not in self._entries
-                    oldest = next(iter(self._entries)) if new and len(self._entries) >= self._size else None
-                    if oldest is not None:
-                        self._entries.pop(oldest)
-                    entries = [entry, *self._entries.get(found.key, [])][:4]
-                    self._entries[found.key] = entries  # a new list: lookups iterate the old one
-                if new:  # outside this cache's lock: another cache's is taken below
-                    for owner, key in self._shared.added(self._id, found.key, oldest):
-                        owner._drop(key)
+                with self._lock:  # a new list: lookups iterate the old one
+                    self._entries.put(found.key, [entry, *(self._entries.get(found.key) or [])][:4])
                 return
 
 

@@ -1,8 +1,8 @@
 """What a process remembers for its connections, bounded across them all (issue 16).
 
 A server's front keeps one :class:`~dpsql.connection.Connection` per analyst, each
-remembering plans (by exact question, :class:`PlanMemo`) and templates
-(:class:`~dpsql.plancache.PlanCache`). Every full garbage collection scans every object they
+remembering plans by exact question and templates (:class:`~dpsql.plancache.PlanCache`),
+each in a :class:`Memo`. Every full garbage collection scans every object they
 all hold, and stops the process that hands queries to workers and releases answers at
 their deadlines. A bound per connection grows with the analysts; a :class:`Bound` is one
 over all of a process's caches of one kind: the oldest entry of any of them goes first.
@@ -19,10 +19,10 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Bound", "PlanMemo"]
+__all__ = ["Bound", "Memo"]
 
 _V = TypeVar("_V")
 
@@ -88,10 +88,10 @@ class Bound:
         return len(self._order)
 
 
-class PlanMemo(Generic[_V]):
-    """A connection's plans by exact question, at most ``size`` and within ``bound``
-    (shared by the process's connections), oldest dropped first; ``dropped(value)`` is
-    called for each value dropped (on the thread that made room for another)."""
+class Memo(Generic[_V]):
+    """One connection's values by key, at most ``size`` and within ``bound`` (shared by the
+    process's connections), oldest dropped first; ``dropped(value)`` is called for each
+    value dropped (on the thread that made room for another)."""
 
     def __init__(self, size: int, bound: Bound, dropped: Callable[[_V], None] | None = None) -> None:
         self._size = size
@@ -129,3 +129,9 @@ class PlanMemo(Generic[_V]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._values
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(list(self._values))
