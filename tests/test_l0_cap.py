@@ -1,6 +1,7 @@
 """The L0 cap (dpsql.rewrite.groupcap): never more than max_groups_per_unit groups, even
-when keyed hashes tie; the same groups as the ROW_NUMBER window; and its two forms (the
-per-unit list of smallest hashes, the per-unit mask of listed keys) keep the same pairs."""
+when keyed hashes tie; the same groups as the ROW_NUMBER window over the same keyed hash;
+and each of its two forms (the per-unit list of smallest hashes, the per-unit mask of
+listed keys) keeps a uniformly random choice of a unit's groups."""
 
 from __future__ import annotations
 
@@ -98,30 +99,65 @@ def _kept_pairs(con: duckdb.DuckDBPyConnection, query: exp.Select, params: dict[
     return con.sql(f"SELECT __u, __g0, __g1 FROM ({query.sql('duckdb')}) ORDER BY ALL", params=params).fetchall()
 
 
-def test_mask_form_keeps_the_same_pairs_as_the_list_form(con: duckdb.DuckDBPyConnection) -> None:
-    # Two listed keys (a string and a SMALLINT: the mask's recomputed hashes must hash the
-    # same values of the same types), a domain with strides, units of 1 to 9 groups, and
-    # values listed that no row has; the lists given in the other order than the keys.
+def _numbered(table: str, combined: list) -> exp.Select:
+    """The mask form's pairs: the rows' combination number instead of the keys."""
+    number = groupcap.combination(combined, [exp.column("a"), exp.column("b")])
+    return exp.select("u AS __u", exp.alias_(number, "__i")).from_(table).group_by("u", number.copy())
+
+
+def test_mask_form_keeps_each_units_groups_of_smallest_hash_of_its_number(con: duckdb.DuckDBPyConnection) -> None:
+    # Two listed keys (a string and a SMALLINT), a domain with strides, units of 1 to 9
+    # groups, and values listed that no row has; the lists given in the other order than
+    # the keys. The kept pairs are the window's over the same keyed hash of (unit, number),
+    # computed independently; each unit keeps min(its groups, 3).
     con.execute("CREATE TABLE many2 AS SELECT (i // 9) AS u, chr((97 + (i * 7) % 5)::INTEGER) AS a, "
                 "((i * i * 13) % 4)::SMALLINT AS b FROM range(9000) r(i)")
-    pairs = exp.select("u AS __u", "a AS __g0", "b AS __g1").from_("many2").group_by("u", "a", "b")
     listed = [("lb", "__g1", "SMALLINT", (0, 1, 2, 3, 9)), ("la", "__g0", "VARCHAR", ("a", "b", "c", "d", "e", "z"))]
     params: dict[str, object] = {"la": list(listed[1][3]), "lb": list(listed[0][3])}
-    # the mask form's pairs carry the rows' combination number instead of the keys
     combined = groupcap.domain(["__g0", "__g1"], listed)
     assert combined is not None and [entry[1] for entry in combined] == ["__g0", "__g1"]
-    number = groupcap.combination(combined, [exp.column("a"), exp.column("b")])
-    numbered = (exp.select("u AS __u", exp.alias_(number, "__i")).from_("many2")
-                .group_by("u", number.copy()))
+    number = groupcap.combination(combined, [exp.column("a"), exp.column("b")]).sql("duckdb")
     sizes = con.sql("SELECT least(count(*), 3) FROM (SELECT DISTINCT u, a, b FROM many2) GROUP BY u").fetchall()
     for salt in range(25):
-        by_list = _kept_pairs(con, groupcap.kept(_Plan(), pairs.copy(), salt), {})  # type: ignore[arg-type]
-        masked = groupcap.kept(_Plan(), numbered.copy(), salt, combined)  # type: ignore[arg-type]
+        masked = groupcap.kept(_Plan(), _numbered("many2", combined), salt, combined)  # type: ignore[arg-type]
         assert "__mask" in masked.sql("duckdb")
-        keys = ", ".join(f"{groupcap.listed_value(combined, j, exp.column('__i')).sql('duckdb')} AS __g{j}" for j in range(2))
-        back = con.sql(f"SELECT __u, {keys} FROM ({masked.sql('duckdb')}) ORDER BY ALL", params=params).fetchall()
-        assert back == by_list
-        assert len(by_list) == sum(n for n, in sizes)  # each unit keeps min(its groups, 3)
+        got = con.sql(f"SELECT __u, __i FROM ({masked.sql('duckdb')}) ORDER BY ALL", params=params).fetchall()
+        window = con.sql(f"""
+            SELECT u, i FROM (SELECT DISTINCT u, {number} AS i FROM many2)
+            QUALIFY row_number() OVER (PARTITION BY u ORDER BY hash(xor(hash(u, i), {salt}::UBIGINT))) <= 3
+            ORDER BY ALL""", params=params).fetchall()
+        assert got == window
+        assert len(got) == sum(n for n, in sizes)
+
+
+@pytest.mark.parametrize("form", ["list", "mask"])
+def test_each_form_keeps_a_uniform_choice_of_groups(con: duckdb.DuckDBPyConnection, form: str) -> None:
+    # One unit in 9 groups, a cap of 3, 300 salts: each group kept 100 times in expectation
+    # (Binomial(300, 1/3), sd 8.2; the bounds are 5.5 sd, and the salts fixed, so the test
+    # is deterministic), and most of the 84 possible choices seen (81.7 expected): a form
+    # whose hash ignored the salt, the unit or the group, or kept g/2 or 2g, fails.
+    con.execute("CREATE TABLE one AS SELECT 1 AS u, chr((97 + i % 3)::INTEGER) AS a, (i // 3)::SMALLINT AS b "
+                "FROM range(9) r(i)")
+    listed = [("la", "__g0", "VARCHAR", ("a", "b", "c")), ("lb", "__g1", "SMALLINT", (0, 1, 2))]
+    params: dict[str, object] = {"la": ["a", "b", "c"], "lb": [0, 1, 2]}
+    combined = groupcap.domain(["__g0", "__g1"], listed)
+    assert combined is not None
+    pairs = exp.select("u AS __u", "a AS __g0", "b AS __g1").from_("one").group_by("u", "a", "b")
+    counts: dict[object, int] = {}
+    choices = set()
+    for salt in range(300):
+        if form == "list":
+            query, values = groupcap.kept(_Plan(), pairs.copy(), salt), {}  # type: ignore[arg-type]
+            kept = [tuple(r[1:]) for r in _kept_pairs(con, query, values)]
+        else:
+            query = groupcap.kept(_Plan(), _numbered("one", combined), salt, combined)  # type: ignore[arg-type]
+            kept = [r[0] for r in con.sql(f"SELECT __i FROM ({query.sql('duckdb')})", params=params).fetchall()]
+        assert len(kept) == 3
+        choices.add(frozenset(kept))
+        for group in kept:
+            counts[group] = counts.get(group, 0) + 1
+    assert len(counts) == 9 and all(55 <= n <= 145 for n in counts.values()), counts
+    assert len(choices) >= 70
 
 
 def test_mask_form_only_for_small_listed_domains() -> None:

@@ -7,25 +7,32 @@ with multiplicity; a unit with at most g groups has no cut and keeps them all. (
 ``ROW_NUMBER() OVER (PARTITION BY unit ORDER BY hash) <= g`` keeps, barring 64-bit ties.)
 
 Each unit's cut comes from one per-unit aggregate joined back to the pairs, in one of two
-forms that keep exactly the same pairs for a given salt:
+forms, the same rule over their own keyed hash:
 
-- **any keys**: ``min(h, g + 1)[g + 1]``, DuckDB's list of the g+1 smallest hashes (Spark's
-  ``min_by``), read down to one scalar before the join. The list aggregate is most of the
-  step's cost (issue 16: 0.33 s of CPU on 1.06M pairs against 0.05 s for a scalar one).
+- **any keys**: the hash of the unit and the keys; the cut is ``min(h, g + 1)[g + 1]``,
+  DuckDB's list of the g+1 smallest hashes (Spark's ``min_by``), read down to one scalar
+  before the join. The list aggregate is most of the step's cost (issue 16: 0.33 s of CPU on
+  1.06M pairs against 0.05 s for a scalar one).
 - **listed keys bound as lists, at most 63 listed combinations** (:data:`MASK_GROUPS`,
   :func:`domain`): each row's place in the listed domain, its combination number ``__i``
   (:func:`combination`, NULL for a row of an unlisted value), is the one group key of the
   pairs; per unit the scalar ``bit_or(1 << i)`` of the groups it has; the cut is then
-  computed once per unit from that mask alone, by hashing the present combinations from
-  the bound lists and sorting them. No list aggregate over the pairs at all. Each pair's
-  own hash is of the listed values at its number too, so the cut and the pairs always agree
-  and no unit keeps more than g (a column that compares unlike values equal, e.g. a NOCASE
+  computed once per unit from that mask alone, by hashing the unit with each present
+  combination's number and sorting them. No list aggregate over the pairs at all. Each
+  pair's own hash is of its unit and number too, so the cut and the pairs always agree and
+  no unit keeps more than g (a column that compares unlike values equal, e.g. a NOCASE
   collation, puts ``'North'`` and ``'north'`` in the one listed group, as its GROUP BY did).
   The final step groups by ``__i`` and writes the keys back from the lists
   (:func:`listed_value`). Grouping the rows by one integer instead of the key columns, and
   filtering them by ``__i IS NOT NULL`` instead of a semi join per key, measured 1.64x ->
-  1.55x the floor (CPU, 10M rows, GROUP BY region, device) and 2.68x -> 2.22x at 1M
-  (issue 16), with the same kept pairs.
+  1.55x the floor (CPU, 10M rows, GROUP BY region, device) and 2.68x -> 2.22x at 1M; hashing
+  the number instead of the listed values it stands for (read from the bound lists, per unit
+  and per pair) 1.87x -> 1.69x at 1M (issue 16).
+
+For one salt the two forms keep different pairs (their hashes differ); over the fresh salt
+of each query both keep a uniformly random choice of g of each unit's groups (g of n, each
+kept with probability g / n: ``tests/test_l0_cap.py``), so the released distribution is the
+same.
 
 Nothing the analyst typed is pasted: every node is built here.
 """
@@ -54,7 +61,8 @@ Listed = tuple[str, str, str, tuple[object, ...]]
 
 def kept(plan: QueryPlan, pairs: exp.Select, salt: int | str, combined: Sequence[Listed] | None = None) -> exp.Select:
     """``pairs`` (one row per unit and group) down to each unit's g groups of smallest keyed
-    hash ``keyed_hash(salt, unit, keys...)`` (see the module docstring).
+    hash ``keyed_hash(salt, unit, keys...)``, or ``keyed_hash(salt, unit, __i)`` in the mask
+    form (see the module docstring).
 
     ``salt``: a literal, or the name of the query parameter the salt is bound to.
     ``combined``: the listed domain (:func:`domain`) when ``pairs`` carry the combination
@@ -68,15 +76,13 @@ def kept(plan: QueryPlan, pairs: exp.Select, salt: int | str, combined: Sequence
         cuts = _list_cuts(g)
         own: exp.Expression = column("__h", "__ph")
     else:
-        # The hash of the *listed* values at the pair's number: the very values the mask's
-        # cut hashes, so the cut and the pairs always agree and a unit never keeps more than g.
-        # Computed in the filter, after ``__c IS NULL``, so only for the pairs of units over
-        # the cap (DuckDB evaluates OR's second side on the rows the first left): 5-10% of
-        # the bounded query at 1M rows / 100k units, where most units are under the cap.
+        # The hash of the unit and the pair's number: what the mask's cut hashes, so the cut
+        # and the pairs always agree and a unit never keeps more than g. Computed in the
+        # filter, after ``__c IS NULL``, so only for the pairs of units over the cap (DuckDB
+        # evaluates OR's second side on the rows the first left).
         hashed = exp.Select(expressions=[exp.Star()])
         cuts = _mask_cuts(g, combined, salt)
-        own = nodes.keyed_hash(salt, column("__u", "__ph"), *(
-            listed_value(combined, j, column("__i", "__ph")) for j in range(len(combined))))
+        own = nodes.keyed_hash(salt, column("__u", "__ph"), column("__i", "__ph"))
     hashed = hashed.from_(source, copy=False)
     keep = exp.or_(exp.Is(this=column("__c"), expression=exp.Null()), exp.LT(this=own, expression=column("__c")), copy=False)
     on = exp.EQ(this=column("__u", "__ph"), expression=column("__lu", "__thr"))
@@ -139,9 +145,9 @@ def _strides(domain: Sequence[Listed]) -> list[int]:
 
 
 def _mask_cuts(g: int, domain: Sequence[Listed], salt: int | str) -> exp.Select:
-    """Per unit ``(__lu, __c)`` from the scalar mask of its combinations: the present ones'
-    keyed hashes, recomputed from the bound lists (the same values, so the same hashes),
-    sorted; the (g+1)-th, when the unit has more than g."""
+    """Per unit ``(__lu, __c)`` from the scalar mask of its combinations: the keyed hashes of
+    the unit and each present combination's number (the pairs' own), sorted; the (g+1)-th,
+    when the unit has more than g."""
     size = math.prod(len(values) for _, _, _, values in domain)
     x = exp.to_identifier("__x", quoted=True)
 
@@ -150,9 +156,8 @@ def _mask_cuts(g: int, domain: Sequence[Listed], salt: int | str) -> exp.Select:
 
     present = exp.EQ(this=exp.BitwiseAnd(this=exp.Paren(this=exp.BitwiseRightShift(this=column("__m"), expression=var())),
                                          expression=integer(1)), expression=integer(1))
-    values = [listed_value(domain, j, var()) for j in range(len(domain))]
     hashes = call("list_transform", call("list_filter", call("range", integer(size)), exp.Lambda(this=present, expressions=[x])),
-                  exp.Lambda(this=nodes.keyed_hash(salt, column("__lu"), *values), expressions=[x.copy()]))
+                  exp.Lambda(this=nodes.keyed_hash(salt, column("__lu"), var()), expressions=[x.copy()]))
     more = exp.GT(this=call("bit_count", column("__m")), expression=integer(g))
     cut = exp.Case(ifs=[exp.If(this=more, true=_index(call("list_sort", hashes), g + 1))])
     one = cast(integer(1), "BIGINT")
