@@ -27,7 +27,8 @@ forms, the same rule over their own keyed hash:
   filtering them by ``__i IS NOT NULL`` instead of a semi join per key, measured 1.64x ->
   1.55x the floor (CPU, 10M rows, GROUP BY region, device) and 2.68x -> 2.22x at 1M; hashing
   the number instead of the listed values it stands for (read from the bound lists, per unit
-  and per pair) 1.87x -> 1.69x at 1M (issue 16).
+  and per pair) made the bounded query 0.955x at 1M and 0.961x at 10M (CPU, quartiles
+  0.91-0.98 and 0.94-1.02; ``benchmarks/ab_bounded.py``, issue 16).
 
 For one salt the two forms keep different pairs (their hashes differ); over the fresh salt
 of each query both keep a uniformly random choice of g of each unit's groups (g of n, each
