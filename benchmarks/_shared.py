@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 from pathlib import Path
 
 #: The query bench_core and bench_scale time.
@@ -39,3 +40,9 @@ def append_results(path: Path, text: str) -> None:
     """Append one report section to a RESULTS.md."""
     with path.open("a", encoding="utf-8") as f:
         f.write("\n" + text)
+
+
+def process_cpu() -> float:
+    """This process's CPU seconds so far, user and system, every thread's (DuckDB's included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime

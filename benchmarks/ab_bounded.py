@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 import duckdb
+
+from _shared import process_cpu
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -56,10 +57,6 @@ def bounded_sql(checkout: Path, database: Path, policy: Path, sql: str, delta: f
     text, lists = json.loads(out)
     return text, lists
 
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)  # DuckDB's threads included
-    return r.ru_utime + r.ru_stime
 
 
 def _summary(ratios: list[float]) -> str:
@@ -100,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         order.shuffle(kinds)
         for kind in kinds:
             query, params = runs[kind]
-            wall, cpu = time.perf_counter(), _cpu()
+            wall, cpu = time.perf_counter(), process_cpu()
             con.execute(query, params or None).fetchall()
-            times[kind].append((time.perf_counter() - wall, _cpu() - cpu))
+            times[kind].append((time.perf_counter() - wall, process_cpu() - cpu))
     load.append(os.getloadavg()[0])
     first = {k: v[1:] for k, v in times.items()}  # the first round warms caches
     print(f"{args.rows} rows, {args.rounds} rounds, load {min(load):.1f}-{max(load):.1f}: {args.sql}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ import duckdb
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _shared import process_cpu  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data" / "visits_10000000x200000.duckdb"
 SALT = 123456789
 PARAMS = {"salt2": SALT, "k0": ["north", "south", "east", "west"], "k1": ["mobile", "desktop", "tablet"]}
@@ -137,10 +137,6 @@ VARIANTS = {
 }
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)  # DuckDB's threads included
-    return r.ru_utime + r.ru_stime
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
@@ -159,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     load = [os.getloadavg()[0]]
     for round_ in range(args.repeat + 1):
         for name, (sql, values) in chosen.items():
-            w, c = time.perf_counter(), _cpu()
+            w, c = time.perf_counter(), process_cpu()
             con.sql(sql, params=values or None).fetchall()
             if round_:
-                times[name].append((time.perf_counter() - w, _cpu() - c))
+                times[name].append((time.perf_counter() - w, process_cpu() - c))
         load.append(os.getloadavg()[0])
     base = [statistics.median(x[i] for x in times["floor"]) for i in (0, 1)]
     print(f"| variant (GROUP BY region, device, 10M rows; median of {args.repeat}; load {min(load):.1f}-{max(load):.1f}) "

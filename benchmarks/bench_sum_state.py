@@ -4,7 +4,7 @@ The pairs step sums each column's per-row fixed-point integers, ``SUM(v)`` over 
 which DuckDB accumulates in 128 bits (HUGEINT). DuckDB has a 64-bit sum, ``sum_no_overflow``,
 that its optimizer picks by itself when the value's range and the table's row count prove
 the sum fits. This runs each shape's bounded query as dpsql writes it (the pipeline's form,
-bound lists and salt) against the same text with ``sum_no_overflow`` for those sums: the
+bound lists, a fixed salt) against the same text with ``sum_no_overflow`` for those sums: the
 most a 64-bit state could gain. Both give the same answers here (checked); the variant is
 not safe in general (it is DuckDB's to pick), which is why it is a measurement only.
 
@@ -33,17 +33,16 @@ import argparse
 import os
 import random
 import re
-import resource
 import statistics
-import sys
 from pathlib import Path
 
 import duckdb
 
+from _shared import process_cpu
+from ab_bounded import bounded_sql
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 DATA = Path(__file__).resolve().parent / "data" / "visits_10000000x200000.duckdb"
-SALT = 123456789
 
 SHAPES = {
     "core": ("SELECT region, COUNT(*), SUM(income), AVG(income) FROM visits GROUP BY region", 0.0),
@@ -58,36 +57,19 @@ SHAPES = {
 _PER_ROW_SUM = re.compile(r'SUM\(("__v\d+"|"__m\d+_v")\)')
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)  # DuckDB's threads included
-    return r.ru_utime + r.ru_stime
-
-
-def bounded(sql: str, delta: float) -> tuple[str, dict[str, object]]:
-    """dpsql's bounded query for ``sql`` as the pipeline binds it (salt ``SALT``)."""
-    import dpsql  # noqa: PLC0415
-    from dpsql.rewrite import bounded_query  # noqa: PLC0415
-
-    with dpsql.connect(str(DATA), policy=str(ROOT / "policies" / "demo.toml"), ledger=None) as conn:
-        plan = conn.plan(sql, epsilon=1.0, delta=delta or None)
-        query = bounded_query(plan, salt=None, list_parameters=True)
-    text = query.query.sql(dialect="duckdb").replace('"dpsql_data"."main".', "")
-    params = {**query.lists, **{name: SALT for name in query.parameters}}
-    return text, {k: v for k, v in params.items() if "$" + k in text}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
     args = parser.parse_args(argv)
-    con = duckdb.connect(str(DATA), read_only=True)
+    con = duckdb.connect()
+    con.execute(f"ATTACH '{DATA}' AS dpsql_data (READ_ONLY)")
     con.execute("SET enable_progress_bar = false")
-    order = random.Random(SALT)
+    order = random.Random(7)
     print(f"| shape (10M rows; {args.repeat} rounds; load {os.getloadavg()[0]:.1f}) | dpsql CPU s | 64-bit sums CPU s "
           "| ratio, median (quartiles) |\n|---|---:|---:|---:|")
     for name in args.shapes.split(","):
-        text, params = bounded(*SHAPES[name])
+        text, params = bounded_sql(ROOT, DATA, ROOT / "policies" / "demo.toml", *SHAPES[name])
         variant = _PER_ROW_SUM.sub(r"sum_no_overflow(\1)", text)
         assert variant != text, f"{name}: no per-row SUM in its bounded query"
         assert "sum_no_overflow" not in con.sql("EXPLAIN " + text, params=params or None).fetchall()[0][1]
@@ -98,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             pair = [("dpsql", text), ("variant", variant)]
             order.shuffle(pair)
             for kind, sql in pair:
-                started = _cpu()
+                started = process_cpu()
                 con.sql(sql, params=params or None).fetchall()
-                cpu[kind].append(_cpu() - started)
+                cpu[kind].append(process_cpu() - started)
         ratios = sorted(v / d for d, v in zip(cpu["dpsql"], cpu["variant"]))
         q1, q3 = ratios[len(ratios) // 4], ratios[3 * len(ratios) // 4]
         print(f"| {name} | {statistics.median(cpu['dpsql']):.3f} | {statistics.median(cpu['variant']):.3f} "
