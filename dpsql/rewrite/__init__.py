@@ -7,7 +7,7 @@ The bounded query has up to four steps (subqueries), each a plain relational pas
              all of a column's SUM and AVG (see :mod:`dpsql.rewrite.columns`).
 ``__pairs``  one row per (unit, group), the one pass every user-level DP system pays:
              COUNT capped at ``max_rows_per_unit`` (``m``); a SUM of ``n > m`` values
-             weighed down to ``m`` rows, ``sum * m // n`` (:func:`_rescaled_sum`).
+             weighed down to ``m`` rows, ``sum * m // n`` (:mod:`dpsql.rewrite.rescale`).
 ``__kept``   only when a unit could be in more groups than ``max_groups_per_unit``: the
              unit's groups with the smallest keyed hash ``hash(xor(hash(unit, keys), salt))``
              for a fresh secret salt: a uniform random choice (:mod:`dpsql.rewrite.groupcap`).
@@ -15,14 +15,15 @@ final        GROUP BY keys: exact 128-bit sums floored to the release lattice.
 
 A row-level table (no privacy unit) not joined needs no bounding: each row is its own unit;
 joined, each row is a unit identified by its row id. The row cap weighs instead of DESIGN
-§1's "rows chosen at random" on purpose (:func:`_rescaled_sum`; benchmarks/README.md).
+§1's "rows chosen at random" on purpose (:func:`dpsql.rewrite.rescale.rescaled_sum`;
+benchmarks/README.md).
 Nothing the analyst typed is pasted: every identifier and literal is a node built here.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
@@ -40,6 +41,7 @@ from dpsql.rewrite.nodes import cast as _cast
 from dpsql.rewrite.nodes import column as _col
 from dpsql.rewrite.nodes import integer as _int
 from dpsql.rewrite.nodes import keyed_hash as _keyed_hash
+from dpsql.rewrite.rescale import rescaled_sum, unit_sum
 from dpsql.sqltypes import parse_type
 
 __all__ = ["LIST_PARAMETER", "Bounded", "bounded_query", "new_salt", "value_query"]
@@ -393,7 +395,7 @@ def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select, combined: bool = 
         elif m.kind == "count_values" and read.count is not None:
             value = _func("least", exp.Count(this=_col(read.count)), _int(cap))
         elif read.value is not None and read.count is not None:
-            value = _rescaled_sum(lambda r=read: _unit_sum(r), read.count, cap)  # type: ignore[misc]
+            value = rescaled_sum(read, cap)
         elif m.kind == "count_distinct_values":
             value = kept_values(_col(f"{m.name}_v"), cap)
         else:
@@ -403,39 +405,6 @@ def _pairs(plan: QueryPlan, columns: Layout, rows: exp.Select, combined: bool = 
     if combined:
         query = query.where(exp.Not(this=exp.Is(this=_col("__i"), expression=exp.Null())), copy=False)
     return query.group_by(*(_col(k) for k in keys), copy=False)
-
-
-def _unit_sum(read: Read) -> exp.Expression:
-    """A unit's exact sum in a group, before the row cap: ``SUM(v)``, or for a centred sum
-    derived from the column's shared value ``scale * SUM(v) - offset * COUNT(v)``."""
-    assert read.value is not None and read.count is not None
-    total: exp.Expression = _cast(exp.Sum(this=_col(read.value)), "INT128")
-    if not read.scale:
-        return total
-    if read.scale != 1:
-        total = exp.Mul(this=total, expression=_int(read.scale))
-    if read.offset:
-        n = _cast(exp.Count(this=_col(read.count)), "INT128")  # offset * n can pass 2^63
-        total = exp.Sub(this=total, expression=exp.Mul(this=_int(read.offset), expression=n))
-    return exp.Paren(this=total)
-
-
-def _rescaled_sum(total: Callable[[], exp.Expression], count: str, cap: int) -> exp.Expression:
-    """A unit's sum in one group, its ``n`` values weighed down to ``min(n, cap)`` rows:
-    ``total`` when ``n <= cap``, else ``(total * cap) // n``, in exact 128-bit integers
-    (``n``: ``COUNT(count)``, the column's present rows, the same for every sum of it).
-
-    This is the expected sum of ``cap`` of the unit's rows drawn uniformly at random, with
-    the same bound (``|result| <= cap * row_bound``, so the same sensitivity) and without
-    the sampling: measured 1.4x the ``GROUP BY unit, group`` floor against 5-7x for any
-    exact-``cap``-rows sampler (window, ``min_by``; benchmarks/README.md). Truncating ``//``
-    only shrinks the magnitude, so the bound holds.
-    """
-    def n() -> exp.Expression:
-        return exp.Count(this=_col(count))
-
-    scaled = exp.IntDiv(this=exp.Mul(this=total(), expression=_int(cap)), expression=n())
-    return exp.Case(ifs=[exp.If(this=exp.GT(this=n(), expression=_int(cap)), true=scaled)], default=total())
 
 
 def _kept(plan: QueryPlan, pairs: exp.Select, salt: int | None, combined: Sequence[Listed] | None = None) -> exp.Select:
@@ -478,4 +447,4 @@ def _total(m: Measurement, read: Read, per_row: bool) -> exp.Expression:
         return exp.Count(this=_col(read.count))
     if m.kind.startswith("count"):
         return exp.Count(this=exp.Star())
-    return _unit_sum(read)  # each row its own unit: the same sum, with no cap to apply
+    return unit_sum(read)  # each row its own unit: the same sum, with no cap to apply
