@@ -23,8 +23,8 @@ What differs, and what each pass does (measured on Spark 4.3.0, ANSI mode on, it
 - **Rounding.** ``CAST(ROUND(x) AS BIGINT)`` (the fixed-point values) is a truncation and a
   half-correction in plain arithmetic (:func:`exact_round`): Spark's ROUND of a DOUBLE
   goes through BigDecimal, the costliest per-row step of the bounded query.
-- **``//`` and ``>>`` on 128-bit integers.** Spark's ``div`` returns a BIGINT (it overflows
-  past 2^63) and ``shiftright`` takes no DECIMAL. Both become exact DECIMAL arithmetic:
+- **``//`` and ``>>``.** Spark's ``div`` returns a BIGINT (it overflows past 2^63), ``/`` of
+  BIGINTs is a double, and ``shiftright`` takes no DECIMAL. Both become exact DECIMAL arithmetic:
   ``a >> k`` is ``(a - pmod(a, 2^k)) / 2^k`` (floor, as DuckDB's arithmetic shift), ``a // b``
   truncates toward zero as DuckDB does (``b`` is a positive count here).
 - **The g+1 smallest hashes.** DuckDB's ``min(h, n)`` is Spark's ``min_by(h, h, n)``
@@ -164,10 +164,8 @@ def exact_sums(node: exp.Expression) -> exp.Expression:
 def _sum_of_halves(value: exp.Column) -> exp.Expression:
     high = exp.Sum(this=_fn("shiftright", value.copy(), exp.Literal.number(_HALF_BITS)))
     low = exp.Sum(this=exp.BitwiseAnd(this=value.copy(), expression=exp.Literal.number(2**_HALF_BITS - 1)))
-    joined = exp.Add(
-        this=exp.Mul(this=exp.Cast(this=high, to=_decimal()), expression=exp.Literal.number(2**_HALF_BITS)),
-        expression=exp.Cast(this=low, to=_decimal()),
-    )
+    joined = exp.Add(this=exp.Mul(this=exp.Cast(this=high, to=_decimal()), expression=exp.Literal.number(2**_HALF_BITS)),
+                     expression=exp.Cast(this=low, to=_decimal()))
     return exp.Cast(this=joined, to=_decimal())
 
 
@@ -222,10 +220,11 @@ def exact_shift(node: exp.Expression) -> exp.Expression:
 
 
 def exact_int_div(node: exp.Expression) -> exp.Expression:
-    """``a // b`` (truncation toward zero, DuckDB's) for a positive count ``b``, exact."""
+    """``a // b`` (truncation toward zero, DuckDB's) for a positive count ``b``, exact: in
+    DECIMAL(38,0) whatever ``a`` is (Spark's BIGINT ``/`` is a double division)."""
     if not isinstance(node, exp.IntDiv):
         return node
-    a, b = exp.Paren(this=node.this), exp.Paren(this=node.expression)
+    a, b = exp.Cast(this=exp.Paren(this=node.this), to=_decimal()), exp.Paren(this=node.expression)
     negative = exp.Neg(this=exp.Paren(this=_floor_div(exp.Neg(this=a.copy()), b)))
     return exp.Case(
         ifs=[exp.If(this=exp.GTE(this=a.copy(), expression=exp.Literal.number(0)), true=_floor_div(a, b))],

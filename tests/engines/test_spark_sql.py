@@ -132,6 +132,43 @@ def test_sums_of_halves_match_duckdb(spark) -> None:
     assert got == expected and expected[2] == (3, None) and expected[3] == (4, 5 * 2**62)
 
 
+def _rescale_tests():
+    """tests/test_rescale.py, loaded by path (tests/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_rescale_tests", Path(__file__).parents[1] / "test_rescale.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("scale", "offset", "cap"), [(0, 0, 3), (2, 7, 3), (1, 2**58, 3), (2, 2**61, 2)])
+def test_weighed_sums_in_64_bit_branches_match_exact_integers(spark, scale: int, offset: int, cap: int) -> None:
+    """:func:`dpsql.rewrite.rescale.rescaled_sum` as Spark runs it (DECIMAL sums of halves, a
+    guarded BIGINT cast, ``//`` made exact): every branch at and past its bounds, as
+    tests/test_rescale.py checks on DuckDB, against Python's integers."""
+    import random
+
+    import sqlglot.expressions as exp
+
+    from dpsql.rewrite.columns import Read
+    from dpsql.rewrite.rescale import rescaled_sum
+
+    helper = _rescale_tests()
+    groups = [g for g in helper._groups(scale, offset, cap, random.Random(7))[:160]
+              if sum(k for _, k in g) <= 40]
+    rows = ", ".join(f"({i}, {'NULL' if v is None else v})" for i, g in enumerate(groups) for v, k in g for _ in range(k))
+    value = rescaled_sum(Read(value="v", count="v", scale=scale, offset=offset), cap)
+    source = exp.select("g", exp.alias_(exp.cast(exp.column("v"), "BIGINT"), "v")).from_(
+        f"(VALUES {rows}) AS t(g, v)")
+    query = exp.select("g", exp.alias_(value, "r")).from_(source.subquery("x")).group_by("g")
+    translated = to_spark(sqlglot.parse_one(query.sql(dialect="duckdb"), read="duckdb")).sql(dialect="spark")
+    got = {r[0]: None if r[1] is None else int(r[1]) for r in spark.sql(translated).collect()}
+    expected = {i: helper._expected(g, scale, offset, cap) for i, g in enumerate(groups)}
+    assert len(groups) > 100 and got == expected
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
 def test_file_sources(spark, tmp_path: Path, fmt: str) -> None:
     from dpsql.spark import SparkEngine
