@@ -417,7 +417,7 @@ def test_contribution_bounds_are_exact(stats_data: StatsData, stats_policy: Poli
     # every salt the heavy unit must add, in exactly 4 groups, exactly min(rows, 3) to
     # COUNT(*), 1 to COUNT(DISTINCT uid), and to SUM(x) its group sum weighed down to
     # min(rows, 3) rows: sum * min(rows, 3) / rows (the expected sum of 3 random rows; see
-    # dpsql.rewrite._rescaled_sum), to the fixed-point lattice.
+    # dpsql.rewrite.rescale.rescaled_sum), to the fixed-point lattice.
     heavy_rows = Counter(g for uid, g, _ in stats_data.rows["heavy_t"] if uid == HEAVY_UNIT)
     heavy_sums: Counter[str] = Counter()
     for uid, g, x in stats_data.rows["heavy_t"]:
