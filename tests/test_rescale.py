@@ -1,5 +1,6 @@
 """A unit's weighed-down sum in 64-bit branches where they fit (:mod:`dpsql.rewrite.rescale`):
-every branch, at and just past each bound, gives the exact integer of the 128-bit form."""
+every branch, at and just past each count bound, with per-row values up to the row limit
+2**53, gives the exact integer of the 128-bit form."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import duckdb
 import pytest
 import sqlglot.expressions as exp
 
-from dpsql.rewrite.columns import Read
-from dpsql.rewrite.rescale import _HALF, _MAX, rescaled_sum
+from dpsql.rewrite.columns import ROW_LIMIT, Read
+from dpsql.rewrite.rescale import _MAX, per_row_bound, rescaled_sum
 
-BIG = 2**62  # per-row values up to this (BIGINT); a group's sum passes 2**63 with two rows
+B = ROW_LIMIT
 
 
 def _truncated(a: int, b: int) -> int:
@@ -30,38 +31,26 @@ def _expected(values: list[tuple[int | None, int]], scale: int, offset: int, cap
     return _truncated(total * cap, n) if n > cap else total
 
 
-def _group(total: int, n: int) -> list[tuple[int | None, int]]:
-    """``n`` BIGINT values summing to ``total`` (|total| may pass 2**63), as (value, times)."""
-    assert abs(total) <= n * (BIG - 1)
-    base = _truncated(total, n)
-    first = base + total - base * n
-    assert abs(first) < 2**63
-    return [(first, 1), (base, n - 1)] if n > 1 else [(first, 1)]
-
-
 def _groups(scale: int, offset: int, cap: int, rng: random.Random) -> list[list[tuple[int | None, int]]]:
-    """Groups at and around each branch's bounds (of at most 100,000 rows), and random ones."""
-    s = scale or 1
-    off = offset if scale else 0
-    a1 = (_MAX - off * cap) // s
-    a2 = _HALF // (cap * s)
-    n2 = _HALF // (off * cap) if off else 3 * cap
-    sums = {0, 1, -1, a1, a1 + 1, -a1, -a1 - 1, a2, a2 + 1, -a2, -a2 - 1, 2**63, -(2**63), 2**64 + 5}
-    counts = {1, cap, cap + 1, max(n2 - 1, 1), n2, n2 + 1, 2 * cap + 3}
+    """Groups of (value, times) at and around each branch's count bounds, every value at the
+    row limit (either sign), mixed, or random; NULLs; and random groups."""
+    most = _MAX // (per_row_bound(Read(value="v", count="v", scale=scale, offset=offset)) * cap)
+    counts = {1, cap - 1, cap, cap + 1, most - 1, most, most + 1, 2 * most + 3, 3 * cap + 7}
     groups: list[list[tuple[int | None, int]]] = [[(None, 2)], [(None, 1)]]
-    for n in sorted(c for c in counts if 1 <= c <= 100_000):
-        for total in sorted(sums):
-            if abs(total) <= n * (BIG - 1):
-                groups.append(_group(total, n))
+    for n in sorted(c for c in counts if 1 <= c <= 50_000):
+        groups += [[(B, n)], [(-B, n)], [(B - 1, n), (None, 3)], [(0, n)]]
+        if n > 1:
+            groups += [[(B, n - 1), (-B, 1)], [(-B, n - 1), (rng.randint(-B, B), 1)]]
+        groups.append([(rng.randint(-B, B), 1) for _ in range(min(n, 50))] + [(rng.randint(-B, B), max(n - 50, 0))])
     for _ in range(300):  # a few values, each repeated (some pairs over the cap, some not)
-        groups.append([(rng.choice([rng.randint(-BIG, BIG), rng.randint(-1000, 1000), None]), rng.randint(1, 2 * cap))
+        groups.append([(rng.choice([rng.randint(-B, B), rng.randint(-1000, 1000), None]), rng.randint(1, 2 * cap))
                        for _ in range(rng.randint(1, 4))])
     return groups
 
 
-CASES = [  # (scale, offset, cap): a plain sum, centred sums, an offset too large for branch 1
-    (0, 0, 3), (0, 0, 1), (0, 0, 10), (1, 1048576000000, 10), (2, 7, 3), (1, -5, 4),
-    (1, 2**58, 3), (2, 2**61, 2), (1, 2**62, 3), (4, 3, 1000),
+CASES = [  # (scale, offset, cap): plain sums, centred sums, caps and offsets too large for 64 bits
+    (0, 0, 3), (0, 0, 1), (0, 0, 10), (0, 0, 32), (0, 0, 33), (0, 0, 1023), (1, 1048576000000, 10),
+    (2, 2**41, 3), (1, -5, 4), (2, 2**53, 3), (1, 2**62, 3), (4, 3, 1000),
 ]
 
 
@@ -82,11 +71,13 @@ def test_every_branch_gives_the_exact_weighed_sum(scale: int, offset: int, cap: 
     assert not wrong
 
 
-def test_the_64_bit_branches_are_written_where_they_fit_and_only_there() -> None:
-    def branches(scale: int, offset: int, cap: int) -> int:
-        return len(rescaled_sum(Read(value="v", count="v", scale=scale, offset=offset), cap).args["ifs"])
+def test_the_64_bit_branch_is_written_where_it_fits_and_only_there() -> None:
+    def text(scale: int, offset: int, cap: int) -> str:
+        return rescaled_sum(Read(value="v", count="v", scale=scale, offset=offset), cap).sql(dialect="duckdb")
 
-    assert branches(0, 0, 10) == 3  # both 64-bit branches and the 128-bit one
-    assert branches(1, 2**62, 3) == 1  # offset * cap past 2**63: only 128 bits
-    assert branches(1, 2**61, 3) == 2  # n <= cap in 64 bits; no room for n > cap
-    assert branches(1, 2**58, 3) == 3
+    assert 'WHEN COUNT("v") <= 102 THEN' in text(0, 0, 10)  # 102 * 2**53 * 10 < 2**63 <= 103 * ...
+    assert 'WHEN COUNT("v") <= 32 THEN' in text(0, 0, 32)  # N = R = 32: one branch
+    large = text(0, 0, 1023)  # N = 1 < R: T in 64 bits while n <= R, then 128 bits
+    assert 'WHEN COUNT("v") <= 1023 THEN (CAST(' in large and "GREATEST" not in large
+    for huge in (text(0, 0, 1024), text(1, 2**62, 3)):  # 1024 * 2**53 = 2**63; offset * 3 > 2**63
+        assert "AS BIGINT" not in huge and "GREATEST" not in huge

@@ -36,10 +36,13 @@ from dataclasses import dataclass, field
 from dpsql.analyze.calibrate import midpoint
 from dpsql.plan import Measurement, QueryPlan
 
-__all__ = ["Layout", "Read", "RowValue", "layout"]
+__all__ = ["ROW_LIMIT", "Layout", "Read", "RowValue", "layout"]
 
-#: Per-row integers stay exact in a double (``round(clip(x) * 2**F)`` is computed in one).
-_EXACT = 2**53
+#: Per-row integers stay exact in a double (``round(clip(x) * 2**F)`` is computed in one):
+#: a shared value is checked against it here, and a measurement's own value stays below
+#: ``2**ROW_BITS`` (:mod:`dpsql.analyze.calibrate`), so no summed per-row value passes it
+#: (:mod:`dpsql.rewrite.rescale` sizes its 64-bit arithmetic on that).
+ROW_LIMIT = _EXACT = 2**53
 _SUMS = ("sum", "sum_centred")
 
 

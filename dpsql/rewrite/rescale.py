@@ -6,37 +6,44 @@ Per (unit, group) the bounded query needs ``T = scale * S - offset * n`` (``S = 
 for a centred one), and ``T * R // n`` when ``n > R`` (``R`` the row cap). DuckDB sums
 BIGINT into a 128-bit HUGEINT, and 128-bit multiplication and division are slow: over the
 910,281 (unit, city) pairs of the 10M-row demo table, ``SUM(income), AVG(income)`` took
-103 ms in 128 bits against 34 ms for the plain aggregates, 60 ms with the 64-bit branches
-below; the core GROUP BY's whole bounded query took 0.90x the CPU it took before
-(``benchmarks/ab_bounded.py``; benchmarks/HISTORY.md).
+103 ms in 128 bits against 34 ms for the plain aggregates; the core GROUP BY's whole bounded
+query takes 0.95x the CPU with the 64-bit branch below (``benchmarks/ab_bounded.py``;
+benchmarks/HISTORY.md).
 
-The 64-bit branches compute the same integer, so the answer is bit-identical:
+Where it fits is decided when the SQL is built, from the count alone. Every summed per-row
+value is within ``B = 2**53`` (:data:`dpsql.rewrite.columns.ROW_LIMIT`), so ``|S| <= n B``
+and ``|T| <= n (scale B + |offset|)``:
 
-- ``n <= R`` and ``|S| <= a1``: ``T`` itself, with ``scale * a1 + |offset| * R <= 2**63 - 1``,
-  so neither product nor the difference overflows;
-- ``n > R``, ``|S| <= a2`` and ``n <= n2``: ``T * R // n``, with ``scale * a2 * R`` and
-  ``|offset| * n2 * R`` each at most ``2**62 - 1``, so ``|T| * R < 2**63``;
-- anything else (a sum near 2**63, a pair of very many rows): the 128-bit form, as before.
+- ``n <= N``: ``T * R // max(n, R)`` in BIGINT (``T`` itself when ``n <= R``: ``T * R`` is
+  a multiple of ``R``), ``N`` the largest count with ``N (scale B + |offset|) R <= 2**63 - 1``;
+- ``n > N`` (a pair of very many rows): the 128-bit form, as before.
 
-Both ``//`` truncate toward zero (DuckDB's, on either width; Spark's is made so by
-:func:`dpsql.spark.translate.exact_int_div`). The 64-bit value is read as
+A row cap with ``N < R`` (past ~30 at the row limit) keeps ``T`` in 64 bits while
+``n <= R`` if ``R (scale B + |offset|)`` fits, and 128 bits for the rest; past that (past
+~1,000), 128 bits throughout.
+
+The branches compute the same integers, so answers are bit-identical. Both ``//`` truncate
+toward zero (DuckDB's, on either width; Spark's is made so by
+:func:`dpsql.spark.translate.exact_int_div`). The 64-bit ``S`` is read as
 ``CAST(CAST(SUM(v) AS INT128) AS BIGINT)``, from the exact sum, never from a 64-bit running
 sum that could overflow on the way (an engine error on one unit's rows would be a release).
-A CASE evaluates a branch only on the rows its condition selects, so no cast ever sees a
-value it cannot hold.
+One branch, guarded by a BIGINT comparison of the count, because DuckDB binds the bounded
+query again at each EXECUTE and a new small query pays for every node: a first version
+compared the 128-bit sum with 128-bit bounds in two 64-bit branches and made a 1,000-row
+query's EXECUTE 1.16x slower (0.90x on 10M rows); count guards in two branches (``n <= R``;
+``R < n <= N``) 1.15x (0.82-0.92x); this one branch 1.06x (0.95x) (HISTORY.md).
 """
 
 from __future__ import annotations
 
 import sqlglot.expressions as exp
 
-from dpsql.rewrite.columns import Read
-from dpsql.rewrite.nodes import cast, column, integer
+from dpsql.rewrite.columns import ROW_LIMIT, Read
+from dpsql.rewrite.nodes import call, cast, column, integer
 
 __all__ = ["rescaled_sum", "unit_sum"]
 
 _MAX = 2**63 - 1
-_HALF = 2**62 - 1
 
 
 def _sum(read: Read) -> exp.Expression:
@@ -64,7 +71,7 @@ def unit_sum(read: Read) -> exp.Expression:
 
 
 def _unit_sum_64(read: Read) -> exp.Expression:
-    """``unit_sum`` in BIGINT arithmetic (only where a branch's bounds make it exact)."""
+    """``unit_sum`` in BIGINT arithmetic (only where a branch's count makes it exact)."""
     total: exp.Expression = cast(_sum(read), "BIGINT")
     if read.scale and read.scale != 1:
         total = exp.Mul(this=total, expression=integer(read.scale))
@@ -73,12 +80,13 @@ def _unit_sum_64(read: Read) -> exp.Expression:
     return exp.Paren(this=total)
 
 
-def _within(read: Read, bound: int) -> exp.Expression:
-    return exp.Between(this=_sum(read), low=integer(-bound), high=integer(bound))
-
-
 def _weighed(total: exp.Expression, read: Read, cap: int) -> exp.Expression:
     return exp.IntDiv(this=exp.Mul(this=total, expression=integer(cap)), expression=_count(read))
+
+
+def per_row_bound(read: Read) -> int:
+    """The most ``|T|`` grows by per row: ``scale B + |offset|``."""
+    return (read.scale or 1) * ROW_LIMIT + (abs(read.offset) if read.scale else 0)
 
 
 def rescaled_sum(read: Read, cap: int) -> exp.Expression:
@@ -92,21 +100,16 @@ def rescaled_sum(read: Read, cap: int) -> exp.Expression:
     exact-``cap``-rows sampler (window, ``min_by``; benchmarks/README.md). Truncating ``//``
     only shrinks the magnitude, so the bound holds.
     """
-    scale = read.scale or 1
-    offset = abs(read.offset) if read.scale else 0
-    n = _count(read)
-    ifs: list[exp.If] = []
-    a1 = (_MAX - offset * cap) // scale
-    if a1 > 0:
-        small = exp.and_(exp.LTE(this=n, expression=integer(cap)), _within(read, a1), copy=False)
-        ifs.append(exp.If(this=small, true=_unit_sum_64(read)))
-    a2 = _HALF // (cap * scale)
-    n2 = _HALF // (offset * cap) if offset else None
-    if a2 > 0 and (n2 is None or n2 > cap):
-        over = [exp.GT(this=_count(read), expression=integer(cap)), _within(read, a2)]
-        if n2 is not None:
-            over.append(exp.LTE(this=_count(read), expression=integer(n2)))
-        ifs.append(exp.If(this=exp.and_(*over, copy=False), true=_weighed(_unit_sum_64(read), read, cap)))
-    ifs.append(exp.If(this=exp.GT(this=_count(read), expression=integer(cap)),
-                      true=_weighed(unit_sum(read), read, cap)))
-    return exp.Case(ifs=ifs, default=unit_sum(read))
+    step = per_row_bound(read)
+    most = _MAX // (step * cap)  # the largest count whose T * cap fits in 64 bits (N)
+    if most < cap:  # a large row cap: T in 64 bits while n <= cap, if even that fits
+        if cap * step <= _MAX:
+            ifs = [exp.If(this=exp.LTE(this=_count(read), expression=integer(cap)), true=_unit_sum_64(read))]
+            return exp.Case(ifs=ifs, default=_weighed(unit_sum(read), read, cap))
+        over = exp.If(this=exp.GT(this=_count(read), expression=integer(cap)), true=_weighed(unit_sum(read), read, cap))
+        return exp.Case(ifs=[over], default=unit_sum(read))
+    # n <= N: T * cap // max(n, cap) in 64 bits (exactly T when n <= cap); n > N: 128 bits
+    small = exp.IntDiv(this=exp.Mul(this=_unit_sum_64(read), expression=integer(cap)),
+                       expression=call("greatest", _count(read), integer(cap)))
+    ifs = [exp.If(this=exp.LTE(this=_count(read), expression=integer(most)), true=small)]
+    return exp.Case(ifs=ifs, default=_weighed(unit_sum(read), read, cap))
