@@ -81,3 +81,37 @@ def test_the_64_bit_branch_is_written_where_it_fits_and_only_there() -> None:
     assert 'WHEN COUNT("v") <= 1023 THEN (CAST(' in large and "GREATEST" not in large
     for huge in (text(0, 0, 1024), text(1, 2**62, 3)):  # 1024 * 2**53 = 2**63; offset * 3 > 2**63
         assert "AS BIGINT" not in huge and "GREATEST" not in huge
+
+
+@pytest.mark.parametrize("bounds", [(0, 1e-300), (0, 0.1), (-5, 5), (1e6, 1e6 + 1), (1e15, 1e15 + 1), (-1e18, 1e18),
+                                    (-1e300, 1e300), (2**52, 2**53), (-(2**60), 3)])
+def test_every_summed_per_row_value_is_within_the_row_limit(bounds: tuple[float, float]) -> None:
+    """What the count bounds above rest on: whatever the column's bounds, each per-row value a
+    SUM, AVG or variance adds is within 2**53 (a shared one by its check, an own one by its
+    fixed point; :func:`dpsql.rewrite.columns.layout` refuses to build anything else)."""
+    import math
+
+    import dpsql
+    from dpsql.policy import parse_policy
+    from dpsql.rewrite.columns import layout
+    from policy_builder import policy_text
+
+    lo, hi = bounds
+    policy = parse_policy(policy_text(f'[tables.t]\nprivacy_unit = "u"\nmax_rows_per_unit = 3\nmax_groups_per_unit = 1\n'
+                                      f'[tables.t.columns]\nx = {{ bounds = [{lo!r}, {hi!r}] }}\n'))
+    with duckdb.connect() as c:
+        c.execute("CREATE TABLE t(u BIGINT, x DOUBLE)")
+        checked = 0
+        with dpsql.connect(c, policy=policy, analyst="t", ledger=None) as conn:
+            for sql in ("SELECT SUM(x), AVG(x) FROM t", "SELECT AVG(x) FROM t", "SELECT VAR_POP(x), SUM(x) FROM t"):
+                try:
+                    plan = conn.plan(sql, epsilon=1.0)
+                except dpsql.Error:  # refused with a message (bounds too wide for a variance)
+                    continue
+                for value in layout(plan).values:
+                    m = value.of
+                    most = (max(abs(math.ldexp(b, value.frac_bits)) for b in m.bounds) if value.name.startswith("__v")
+                            else m.row_bound)
+                    assert most <= ROW_LIMIT, (sql, value)
+                    checked += 1
+    assert checked >= 2

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpsql.analyze.calibrate import midpoint
+from dpsql.errors import InternalError
 from dpsql.plan import Measurement, QueryPlan
 
 __all__ = ["ROW_LIMIT", "Layout", "Read", "RowValue", "layout"]
@@ -136,6 +137,8 @@ def layout(plan: QueryPlan, share: bool = True) -> Layout:
             out.values.append(RowValue(count, "sum", served[0], frac))
         own = [m for m in ms if m.kind != "count_values" and m not in served]
         for m in own:
+            if m.row_bound > ROW_LIMIT:  # fixed_point keeps it below 2**ROW_BITS; rescale relies on it
+                raise InternalError(f"the per-row values of {m.name} reach {m.row_bound}, past 2**53")
             out.values.append(RowValue(f"{m.name}_v", m.kind, m, m.frac_bits))
             count = count or f"{m.name}_v"
         if count is None:  # only counts of the column
