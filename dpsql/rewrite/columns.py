@@ -43,7 +43,7 @@ __all__ = ["ROW_LIMIT", "Layout", "Read", "RowValue", "layout"]
 #: a shared value is checked against it here, and a measurement's own value stays below
 #: ``2**ROW_BITS`` (:mod:`dpsql.analyze.calibrate`), so no summed per-row value passes it
 #: (:mod:`dpsql.rewrite.rescale` sizes its 64-bit arithmetic on that).
-ROW_LIMIT = _EXACT = 2**53
+ROW_LIMIT = 2**53
 _SUMS = ("sum", "sum_centred")
 
 
@@ -103,7 +103,7 @@ def _shared(sums: list[Measurement]) -> tuple[int, list[Measurement]] | None:
     plain = [m for m in sums if m.kind == "sum"]
     frac = plain[0].frac_bits if plain else min(m.frac_bits for m in sums)
     scaled = [math.ldexp(v, frac) for v in (lo, hi)]
-    if not all(math.isfinite(v) and v.is_integer() and abs(v) <= _EXACT for v in scaled):
+    if not all(math.isfinite(v) and v.is_integer() and abs(v) <= ROW_LIMIT for v in scaled):
         return None
     low, high = (int(v) for v in scaled)
     served = []

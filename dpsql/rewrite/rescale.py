@@ -102,14 +102,14 @@ def rescaled_sum(read: Read, cap: int) -> exp.Expression:
     """
     step = per_row_bound(read)
     most = _MAX // (step * cap)  # the largest count whose T * cap fits in 64 bits (N)
-    if most < cap:  # a large row cap: T in 64 bits while n <= cap, if even that fits
-        if cap * step <= _MAX:
-            ifs = [exp.If(this=exp.LTE(this=_count(read), expression=integer(cap)), true=_unit_sum_64(read))]
-            return exp.Case(ifs=ifs, default=_weighed(unit_sum(read), read, cap))
-        over = exp.If(this=exp.GT(this=_count(read), expression=integer(cap)), true=_weighed(unit_sum(read), read, cap))
-        return exp.Case(ifs=[over], default=unit_sum(read))
-    # n <= N: T * cap // max(n, cap) in 64 bits (exactly T when n <= cap); n > N: 128 bits
-    small = exp.IntDiv(this=exp.Mul(this=_unit_sum_64(read), expression=integer(cap)),
-                       expression=call("greatest", _count(read), integer(cap)))
-    ifs = [exp.If(this=exp.LTE(this=_count(read), expression=integer(most)), true=small)]
-    return exp.Case(ifs=ifs, default=_weighed(unit_sum(read), read, cap))
+    over = _weighed(unit_sum(read), read, cap)  # past what 64 bits hold: 128 bits
+    if most >= cap:  # n <= N: T * cap // max(n, cap) in 64 bits (exactly T when n <= cap)
+        small = exp.IntDiv(this=exp.Mul(this=_unit_sum_64(read), expression=integer(cap)),
+                           expression=call("greatest", _count(read), integer(cap)))
+        fits = exp.If(this=exp.LTE(this=_count(read), expression=integer(most)), true=small)
+    elif cap * step <= _MAX:  # a large row cap: T in 64 bits while n <= cap
+        fits = exp.If(this=exp.LTE(this=_count(read), expression=integer(cap)), true=_unit_sum_64(read))
+    else:  # a huge one: 128 bits throughout
+        return exp.Case(ifs=[exp.If(this=exp.GT(this=_count(read), expression=integer(cap)), true=over)],
+                        default=unit_sum(read))
+    return exp.Case(ifs=[fits], default=over)
