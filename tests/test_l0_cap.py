@@ -205,3 +205,36 @@ def test_rows_of_unlisted_or_null_keys_neither_count_nor_use_up_groups() -> None
         assert ("__mask" in bounded.query.sql("duckdb")) == lists
         rows = c.sql(bounded.query.sql("duckdb"), params=dict(bounded.lists) or None).fetchall()
         assert sorted(rows) == [("a", 1, 1), ("b", 2, 1), ("c", 1, 1)]  # row cap 1 per (unit, group)
+
+
+def test_combination_numbers_the_listed_domain_in_strides_and_back() -> None:
+    # Three listed keys of three types (sizes 3, 4, 2: strides 8, 2, 1). Every listed
+    # combination gets sum((position_j - 1) * stride_j), each number in [0, 24) exactly once,
+    # BIGINT (the type the mask's recomputed hashes use); an unlisted or NULL value in any
+    # key gives NULL; and listed_value reads each key back from the number.
+    listed = [("la", "__g0", "VARCHAR", ("x", "y", "z")), ("lb", "__g1", "INTEGER", (10, 20, 30, 40)),
+              ("lc", "__g2", "BOOLEAN", (True, False))]
+    params: dict[str, object] = {name: list(values) for name, _, _, values in listed}
+    combined = groupcap.domain(["__g0", "__g1", "__g2"], listed)
+    assert combined is not None
+    keys = [exp.column("a"), exp.column("b"), exp.column("c")]
+    number = groupcap.combination(combined, keys).sql("duckdb")
+    back = ", ".join(groupcap.listed_value(combined, j, exp.column("i")).sql("duckdb") for j in range(3))
+    c = duckdb.connect()
+    c.execute("CREATE TABLE k (a VARCHAR, b INTEGER, c BOOLEAN)")
+    c.execute("INSERT INTO k SELECT * FROM (VALUES ('x'), ('y'), ('z'), ('w'), (NULL)) a(a), "
+              "(VALUES (10), (20), (30), (40), (50), (NULL)) b(b), (VALUES (true), (false), (NULL)) c(c)")
+    got = c.sql(f"SELECT a, b, c, {number} AS i, typeof({number}) FROM k", params=params).fetchall()
+    assert len(got) == 5 * 6 * 3
+    numbers = []
+    for a, b, flag, i, kind in got:
+        if a in ("x", "y", "z") and b in (10, 20, 30, 40) and flag is not None:
+            expected = ("x", "y", "z").index(a) * 8 + (10, 20, 30, 40).index(b) * 2 + (True, False).index(flag)
+            assert (i, kind) == (expected, "BIGINT"), (a, b, flag)
+            numbers.append(i)
+        else:
+            assert i is None, (a, b, flag)
+    assert sorted(numbers) == list(range(24))
+    round_trip = c.sql(f"SELECT a, b, c, {back} FROM (SELECT a, b, c, {number} AS i FROM k) WHERE i IS NOT NULL",
+                       params=params).fetchall()
+    assert len(round_trip) == 24 and all(row[:3] == row[3:] for row in round_trip)

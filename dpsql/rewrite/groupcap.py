@@ -106,15 +106,24 @@ def domain(keys: Sequence[str], listed: Sequence[Listed]) -> list[Listed] | None
 
 def combination(combined: Sequence[Listed], values: Sequence[exp.Expression]) -> exp.Expression:
     """A row's combination number, 0 to size - 1, from its keys' ``values`` (in key order):
-    ``sum((list_position(list_j, value_j) - 1) * stride_j)``, NULL when any value is not
-    listed (or NULL)."""
+    ``sum(offsets_j[list_position(list_j, value_j)])`` with ``offsets_j = [0, stride_j, 2
+    stride_j, ...]`` (a BIGINT list literal), i.e. ``sum((position_j - 1) * stride_j)``; NULL
+    when any value is not listed (or NULL): ``list_position`` gives NULL, and so does the
+    offset it indexes.
+
+    Why offsets and not the arithmetic: each term reads one column, so DuckDB computes it once
+    per distinct value of a dictionary-compressed column instead of once per row; only the
+    sum of the terms runs per row. On 10M rows of ``region, device`` the number cost 103 ms
+    of CPU against 317 ms for ``CAST((p1 - 1) * 3 + p2 - 1 AS BIGINT)`` (the same numbers;
+    issue 16)."""
     total: exp.Expression | None = None
     for entry, value, stride in zip(combined, values, _strides(combined), strict=True):
-        place: exp.Expression = exp.Sub(this=call("list_position", _values(entry), value), expression=integer(1))
-        term = exp.Mul(this=exp.Paren(this=place), expression=integer(stride)) if stride != 1 else place
+        offsets = exp.Cast(this=exp.Array(expressions=[integer(k * stride) for k in range(len(entry[3]))]),
+                           to=exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[nodes.plain_type("BIGINT")], nested=True))
+        term = exp.Bracket(this=offsets, expressions=[call("list_position", _values(entry), value)], offset=1)
         total = term if total is None else exp.Add(this=total, expression=term)
     assert total is not None, "a domain has at least one key"
-    return cast(total, "BIGINT")
+    return total
 
 
 def listed_value(combined: Sequence[Listed], j: int, number: exp.Expression) -> exp.Expression:
