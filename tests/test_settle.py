@@ -35,7 +35,11 @@ def test_settle_collects_first_then_sets_the_living_apart_until_unsettled() -> N
         assert gc.get_freeze_count() > 0 and gc.is_tracked(kept)
         frozen = gc.get_freeze_count()
         gc.collect()
-        assert gc.get_freeze_count() == frozen  # full collections leave the settled objects alone
+        # Full collections leave the settled objects alone: a collection that thawed them
+        # would take the count to 0. A settled object is still freed when its last reference
+        # goes, which lowers the count by one; a thread left by an earlier test (a server's)
+        # can do that meanwhile (once seen: 442,887 of 442,888), hence the few allowed.
+        assert frozen - 64 <= gc.get_freeze_count() <= frozen
     finally:
         unsettle()
     assert gc.get_freeze_count() == 0
