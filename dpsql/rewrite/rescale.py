@@ -41,7 +41,7 @@ import sqlglot.expressions as exp
 from dpsql.rewrite.columns import ROW_LIMIT, Read
 from dpsql.rewrite.nodes import call, cast, column, integer
 
-__all__ = ["rescaled_sum", "unit_sum"]
+__all__ = ["per_row_bound", "rescaled_sum", "unit_sum"]
 
 _MAX = 2**63 - 1
 
